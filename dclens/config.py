@@ -1,0 +1,324 @@
+"""Hyper-parameters of a DataLens run as frozen, validated values.
+
+Every privacy-relevant number lives here, in one immutable object that is written next
+to the run's outputs (``config.json``).  Validation happens at construction, so a bad
+value fails before any data is read or any file is written, with a message that quotes
+the value and says what to do.
+
+The paper presets (authors' README, DESIGN.md section 1) are available through
+:func:`paper_preset`; :func:`demo_preset` is the small Fashion-MNIST run that the
+command-line tool uses by default on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from typing import Any, Mapping
+
+from dclens.accounting import Conversion
+
+
+class ConfigError(ValueError):
+    """A hyper-parameter has a value the run cannot use."""
+
+
+class Aggregation(enum.Enum):
+    """How each teacher turns its image gradient into a vote (paper Alg. 2).
+
+    Both keep exactly ``topk`` coordinates per teacher and image, with votes in {-1, +1},
+    so the L2 sensitivity of the summed votes is 2*sqrt(topk) for either.
+    """
+
+    #: The paper's method (authors' ``--signsgd --stochastic``): vote +1 with probability
+    #: (1 + g) / 2 where g is the clipped, L-inf-normalised gradient coordinate.
+    TOPK_STOCHASTIC_SIGN = "topk_stochastic_sign"
+    #: Deterministic sign of the top-k coordinates (authors' ``--signsgd`` alone).
+    TOPK_SIGN = "topk_sign"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopAggConfig:
+    """The TopAgg mechanism (paper Alg. 2 + 3).
+
+    Attributes:
+      topk: coordinates each teacher votes on, per fake image (k).
+      sigma: standard deviation of the Gaussian noise added to every coordinate of the
+        summed votes.  One TopAgg call is a Gaussian mechanism with L2 sensitivity
+        2*sqrt(k), i.e. noise multiplier sigma / (2*sqrt(k)).
+      thresh: beta in the paper; a coordinate's aggregate is +1 where the noisy vote sum is
+        >= beta*N, -1 where it is <= -beta*N, else 0 (N = number of teachers).
+      max_grad: c, the clip bound applied to gradient coordinates before L-inf
+        normalisation (1e-5 in every paper run).
+      method: see :class:`Aggregation`.
+    """
+
+    topk: int = 200
+    sigma: float = 5000.0
+    thresh: float = 0.9
+    max_grad: float = 1e-5
+    method: Aggregation = Aggregation.TOPK_STOCHASTIC_SIGN
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.topk) and self.topk >= 1,
+                 f"topk must be an integer >= 1, got {self.topk!r}")
+        _require(_is_finite_number(self.sigma) and self.sigma >= 0,
+                 f"sigma must be a finite number >= 0, got {self.sigma!r}")
+        _require(_is_finite_number(self.thresh) and 0 <= self.thresh < 1,
+                 f"thresh must be in [0, 1), got {self.thresh!r}")
+        _require(_is_finite_number(self.max_grad) and self.max_grad > 0,
+                 f"max_grad must be > 0 (the paper uses 1e-5), got {self.max_grad!r}")
+        _require(isinstance(self.method, Aggregation),
+                 f"method must be an Aggregation, got {self.method!r}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / (2*sqrt(k)): noise in units of the L2 sensitivity of one call."""
+        return self.sigma / (2.0 * math.sqrt(self.topk))
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    """The privacy budget: training stops before the step that would exceed ``max_eps``.
+
+    Attributes:
+      max_eps: epsilon budget at ``delta``.
+      delta: the delta of the (epsilon, delta) guarantee.
+      conversion: which RDP -> DP conversion decides the stop and the reported epsilon.
+      max_order: the authors' ``--orders``: RDP orders {1.1, 2, ..., max_order - 1} for
+        the classic conversion.
+    """
+
+    max_eps: float = 1.0
+    delta: float = 1e-5
+    conversion: Conversion = Conversion.CLASSIC
+    max_order: int = 200
+
+    def __post_init__(self) -> None:
+        _require(_is_finite_number(self.max_eps) and self.max_eps > 0,
+                 f"max_eps must be a finite number > 0, got {self.max_eps!r}")
+        _require(_is_finite_number(self.delta) and 0 < self.delta < 1,
+                 f"delta must be in (0, 1), got {self.delta!r}")
+        _require(isinstance(self.conversion, Conversion),
+                 f"conversion must be a Conversion, got {self.conversion!r}")
+        _require(_is_int(self.max_order) and self.max_order >= 3,
+                 f"orders must be an integer >= 3 (orders are 1.1, 2, ..., orders-1), "
+                 f"got {self.max_order!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything about the DataLens loop (paper Alg. 1) that is not the mechanism.
+
+    Attributes:
+      dataset: the authors' dataset name (``fashion_mnist``, ``mnist``,
+        ``celebA-gender-train``, ``celebA-hair-train``, ...).
+      data_dir: where the data lies; ``None`` = the dataset's default location.
+      num_teachers: N, the number of disjoint partitions and teacher discriminators.
+      batch_size: the authors' ``--batch_size``; the batch actually used (teacher real and
+        fake batches, and fake images queried per generator step) is
+        min(batch_size, partition size).
+      epochs: upper bound on passes over the partitions (authors' ``--epoch``); training
+        usually stops earlier, at the privacy budget.
+      d_step: discriminator Adam steps per teacher per generator step.
+      pretrain_teacher: discriminator steps in the first epoch instead of d_step (0 = use
+        d_step).
+      g_step: student updates (each a TopAgg round of one fake batch) per generator step.
+      z_dim: latent dimension; z ~ U(-1, 1).
+      learning_rate: Adam learning rate of teachers and student, and the step size of the
+        voted update x_hat = x + learning_rate * g_bar.
+      beta1: Adam's beta1 for teachers and student.
+      balanced_partition: the authors' ``--shuffle``: class-balanced disjoint partitions;
+        False = contiguous disjoint slices of the shuffled data.
+      partition_seed: seed of the partition of records to teachers.
+      seed: seed of every other random draw (teacher/student initialisation, z, labels,
+        stochastic sign, DP noise).  ``None`` draws it from OS entropy; a fixed seed makes
+        the DP noise reproducible, so such a run's output must not be published as private.
+      non_private: no noise, no budget; for debugging only, output is NOT private.
+      teacher_chunk: teachers processed together (memory bound, no effect on the algorithm
+        except which random numbers a teacher draws).
+      num_samples: synthetic samples written at the end.
+      max_records: use only the first ``max_records`` training records (tests, demos);
+        ``None`` = all.
+    """
+
+    dataset: str = "fashion_mnist"
+    data_dir: str | None = None
+    num_teachers: int = 4000
+    batch_size: int = 30
+    epochs: int = 1000
+    d_step: int = 2
+    pretrain_teacher: int = 10
+    g_step: int = 1
+    z_dim: int = 50
+    learning_rate: float = 1e-3
+    beta1: float = 0.5
+    balanced_partition: bool = True
+    partition_seed: int = 0
+    seed: int | None = None
+    non_private: bool = False
+    teacher_chunk: int = 100
+    num_samples: int = 100_000
+    max_records: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.dataset, str) and self.dataset != "",
+                 f"dataset must be a non-empty name, got {self.dataset!r}")
+        for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",
+                     "teacher_chunk", "num_samples"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1,
+                     f"{name} must be an integer >= 1, got {value!r}")
+        _require(_is_int(self.pretrain_teacher) and self.pretrain_teacher >= 0,
+                 f"pretrain_teacher must be an integer >= 0, got {self.pretrain_teacher!r}")
+        _require(_is_finite_number(self.learning_rate) and self.learning_rate > 0,
+                 f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        _require(_is_finite_number(self.beta1) and 0 <= self.beta1 < 1,
+                 f"beta1 must be in [0, 1), got {self.beta1!r}")
+        _require(_is_int(self.partition_seed) and self.partition_seed >= 0,
+                 f"partition_seed must be an integer >= 0, got {self.partition_seed!r}")
+        _require(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
+                 f"seed must be an integer >= 0 or None, got {self.seed!r}")
+        _require(self.max_records is None
+                 or (_is_int(self.max_records) and self.max_records >= 1),
+                 f"max_records must be an integer >= 1 or None, got {self.max_records!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataLensConfig:
+    """A whole run: the loop, the mechanism and the budget."""
+
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    topagg: TopAggConfig = dataclasses.field(default_factory=TopAggConfig)
+    budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
+
+    def __post_init__(self) -> None:
+        if not self.train.non_private:
+            _require(self.topagg.sigma > 0,
+                     f"sigma must be > 0 for a private run, got {self.topagg.sigma!r}; "
+                     "pass --non_private to debug without noise (its output is not private)")
+
+    def replace(self, **sections: Mapping[str, Any]) -> "DataLensConfig":
+        """A copy with fields of sections replaced: ``cfg.replace(train={"epochs": 3})``."""
+        updated = {}
+        for section, changes in sections.items():
+            current = getattr(self, section)
+            updated[section] = dataclasses.replace(current, **dict(changes))
+        return dataclasses.replace(self, **updated)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (enums as their values)."""
+        def convert(value: Any) -> Any:
+            if isinstance(value, enum.Enum):
+                return value.value
+            if isinstance(value, dict):
+                return {k: convert(v) for k, v in value.items()}
+            return value
+        return convert(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DataLensConfig":
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        def build(kind: type, values: Mapping[str, Any], enums: dict[str, type]) -> Any:
+            known = {f.name for f in dataclasses.fields(kind)}
+            unknown = set(values) - known
+            _require(not unknown, f"unknown {kind.__name__} keys: {sorted(unknown)}")
+            kwargs = dict(values)
+            for name, enum_type in enums.items():
+                if name in kwargs:
+                    kwargs[name] = enum_type(kwargs[name])
+            return kind(**kwargs)
+
+        unknown = set(data) - {"train", "topagg", "budget"}
+        _require(not unknown, f"unknown config sections: {sorted(unknown)}")
+        return cls(
+            train=build(TrainConfig, data.get("train", {}), {}),
+            topagg=build(TopAggConfig, data.get("topagg", {}), {"method": Aggregation}),
+            budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# Paper configurations (authors' README; DESIGN.md section 1).  All: d_step 2,
+# c = 1e-5, stochastic sign, batch 30 (cut to the partition size).
+_PAPER_PRESETS: dict[tuple[str, int], dict[str, dict[str, Any]]] = {
+    ("mnist", 1): {"train": {"num_teachers": 4000, "z_dim": 50},
+                   "topagg": {"topk": 200, "sigma": 5000.0, "thresh": 0.7}},
+    ("mnist", 10): {"train": {"num_teachers": 4000, "z_dim": 50},
+                    "topagg": {"topk": 300, "sigma": 800.0, "thresh": 0.2}},
+    ("fashion_mnist", 1): {"train": {"num_teachers": 4000, "z_dim": 50},
+                           "topagg": {"topk": 200, "sigma": 5000.0, "thresh": 0.9}},
+    ("fashion_mnist", 10): {"train": {"num_teachers": 4000, "z_dim": 64},
+                            "topagg": {"topk": 350, "sigma": 1000.0, "thresh": 0.27}},
+    ("celebA-gender", 1): {"train": {"num_teachers": 6000, "z_dim": 100},
+                           "topagg": {"topk": 700, "sigma": 9000.0, "thresh": 0.85}},
+    ("celebA-gender", 10): {"train": {"num_teachers": 6000, "z_dim": 100},
+                            "topagg": {"topk": 500, "sigma": 700.0, "thresh": 0.12}},
+}
+
+PAPER_PRESET_NAMES = tuple(f"{d}-eps{e}" for d, e in _PAPER_PRESETS)
+
+
+def paper_preset(dataset: str, eps: int) -> DataLensConfig:
+    """The paper's configuration for (dataset, eps) with eps in {1, 10}.
+
+    ``dataset`` is ``mnist``, ``fashion_mnist`` or ``celebA-gender`` (the train split
+    ``celebA-gender-train`` is used).
+    """
+    key = (dataset, eps)
+    if key not in _PAPER_PRESETS:
+        raise ConfigError(f"no paper preset for dataset={dataset!r}, eps={eps!r}; "
+                          f"available: {', '.join(PAPER_PRESET_NAMES)}")
+    values = _PAPER_PRESETS[key]
+    dataset_name = "celebA-gender-train" if dataset == "celebA-gender" else dataset
+    return DataLensConfig(
+        train=TrainConfig(dataset=dataset_name, **values["train"]),
+        topagg=TopAggConfig(**values["topagg"]),
+        budget=BudgetConfig(max_eps=float(eps)),
+    )
+
+
+def demo_preset() -> DataLensConfig:
+    """A Fashion-MNIST run sized for a 2-core CPU in about ten minutes.
+
+    See README ("The default run") for why it differs from the paper configs: with few
+    teachers the vote sum is small, so the noise has to be small too, and the budget is
+    far larger than the paper's.
+    """
+    return DataLensConfig(
+        train=TrainConfig(dataset="fashion_mnist", num_teachers=200, batch_size=30,
+                          epochs=1000, d_step=2, pretrain_teacher=10, z_dim=50,
+                          teacher_chunk=100, num_samples=100_000),
+        topagg=TopAggConfig(topk=200, sigma=40.0, thresh=0.3),
+        budget=BudgetConfig(max_eps=50.0),
+    )
+
+
+PRESETS = {"demo": demo_preset,
+           **{name: (lambda d=d, e=e: paper_preset(d, e)) for (d, e), name
+              in zip(_PAPER_PRESETS, PAPER_PRESET_NAMES)}}
+
+
+def preset(name: str) -> DataLensConfig:
+    """A preset by name: ``demo`` or ``<dataset>-eps<1|10>`` (see PRESETS)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+    return PRESETS[name]()
