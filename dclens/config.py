@@ -173,7 +173,7 @@ class TrainConfig:
     partition_seed: int = 0
     seed: int | None = None
     non_private: bool = False
-    teacher_chunk: int = 100
+    teacher_chunk: int = 10
     num_samples: int = 100_000
     max_records: int | None = None
 
@@ -306,9 +306,9 @@ def demo_preset() -> DataLensConfig:
     return DataLensConfig(
         train=TrainConfig(dataset="fashion_mnist", num_teachers=200, batch_size=30,
                           epochs=1000, d_step=2, pretrain_teacher=10, z_dim=50,
-                          teacher_chunk=100, num_samples=100_000),
-        topagg=TopAggConfig(topk=200, sigma=40.0, thresh=0.3),
-        budget=BudgetConfig(max_eps=50.0),
+                          teacher_chunk=10, num_samples=20_000),
+        topagg=TopAggConfig(topk=200, sigma=100.0, thresh=0.3),
+        budget=BudgetConfig(max_eps=150.0),
     )
 
 

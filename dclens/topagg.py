@@ -1,0 +1,193 @@
+"""TopAgg: top-k stochastic-sign voting, Gaussian noise and thresholding (paper Alg. 2, 3).
+
+For one fake image and N teachers with gradients g_1..g_N (each of dimension D):
+
+1. Each teacher keeps the k coordinates of largest |g_i| (ties: lower index first, as
+   ``tf.math.top_k``), clips them to [-c, c], divides by their largest magnitude
+   (L-inf normalisation; an all-zero gradient stays 0) and votes on each of them:
+   stochastic sign: +1 with probability (1 + g) / 2, else -1 (an unbiased estimate of g);
+   deterministic sign: +1 if g >= 0, else -1.  Exactly k votes in {-1, +1}, 0 elsewhere.
+2. The N vote vectors are summed: v in Z^D.
+3. Noise: v + N(0, sigma^2 I_D).
+4. Threshold: +1 where the noisy sum >= beta*N, -1 where <= -beta*N, else 0.
+
+Privacy: replacing one record changes one teacher's partition and hence at most its own
+vote vector, whose k entries in {-1, +1} can all flip: ||v - v'||_2 <= 2*sqrt(k).  Step 3
+is the Gaussian mechanism with noise multiplier sigma / (2*sqrt(k)); step 4 is
+post-processing.  A batch of B fake images is B such mechanisms (B queries), returned as
+one ``dp_accounting`` event.
+
+Summing is linear, so votes can be accumulated chunk by chunk of teachers
+(:meth:`TopAgg.vote_sum`) and noised once (:meth:`TopAgg.release`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import dp_accounting
+import tensorflow as tf
+
+from dclens import accounting
+from dclens.config import Aggregation, TopAggConfig
+
+
+def _check_grads(grads: tf.Tensor, topk: int) -> tf.Tensor:
+    grads = tf.convert_to_tensor(grads, tf.float32)
+    if grads.shape.rank != 3:
+        raise ValueError(f"teacher gradients must be [teachers, images, dim], got shape "
+                         f"{grads.shape}")
+    if grads.shape[-1] is not None and topk > grads.shape[-1]:
+        raise ValueError(f"topk={topk} is larger than the image dimension {grads.shape[-1]}; "
+                         f"use topk <= {grads.shape[-1]}")
+    return grads
+
+
+def _topk_signs(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
+                max_grad: float, method: Aggregation) -> tuple[tf.Tensor, tf.Tensor]:
+    """Top-k indices [T, B, k] (int32) and their votes [T, B, k] (int32, in {-1, +1})."""
+    _, indices = tf.math.top_k(tf.abs(grads), k=topk, sorted=True)
+    chosen = tf.clip_by_value(tf.gather(grads, indices, batch_dims=2), -max_grad, max_grad)
+    scale = tf.reduce_max(tf.abs(chosen), axis=-1, keepdims=True)
+    normalised = tf.math.divide_no_nan(chosen, scale)
+    if method is Aggregation.TOPK_STOCHASTIC_SIGN:
+        if uniforms is None:
+            raise ValueError("the stochastic sign needs uniform draws")
+        positive = uniforms < (1.0 + normalised) / 2.0
+    elif method is Aggregation.TOPK_SIGN:
+        positive = normalised >= 0.0
+    else:
+        raise ValueError(f"unknown aggregation method {method!r}")
+    votes = tf.where(positive, 1, -1)
+    return indices, tf.cast(votes, tf.int32)
+
+
+def teacher_votes(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
+                  max_grad: float, method: Aggregation) -> tf.Tensor:
+    """Every teacher's dense vote vectors: int32 [T, B, D], exactly k non-zeros in {-1, +1}.
+
+    Args:
+      grads: float32 [T, B, D] teacher gradients (T teachers, B images).
+      uniforms: float32 [T, B, k] draws from U[0, 1), one per voted coordinate in top-k
+        order (largest |g| first); ignored (may be None) for the deterministic sign.
+    """
+    grads = _check_grads(grads, topk)
+    indices, votes = _topk_signs(grads, uniforms, topk=topk, max_grad=max_grad, method=method)
+    t, b = tf.shape(grads)[0], tf.shape(grads)[1]
+    teacher = tf.broadcast_to(tf.range(t)[:, None, None], tf.shape(indices))
+    image = tf.broadcast_to(tf.range(b)[None, :, None], tf.shape(indices))
+    where = tf.stack([teacher, image, indices], axis=-1)
+    return tf.scatter_nd(where, votes, tf.shape(grads, out_type=tf.int32))
+
+
+@tf.function(reduce_retracing=True)
+def _vote_sum(grads, uniforms, topk, max_grad, method):
+    indices, votes = _topk_signs(grads, uniforms, topk=topk, max_grad=max_grad, method=method)
+    b, d = tf.shape(grads)[1], tf.shape(grads)[2]
+    image = tf.broadcast_to(tf.range(b)[None, :, None], tf.shape(indices))
+    where = tf.stack([image, indices], axis=-1)
+    return tf.scatter_nd(tf.reshape(where, (-1, 2)), tf.reshape(votes, (-1,)),
+                         tf.stack([b, d]))
+
+
+def summed_votes(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
+                 max_grad: float, method: Aggregation) -> tf.Tensor:
+    """sum_i votes_i: int32 [B, D] (the fast path; equals teacher_votes(...).sum(0))."""
+    grads = _check_grads(grads, topk)
+    if uniforms is None:
+        if method is Aggregation.TOPK_STOCHASTIC_SIGN:
+            raise ValueError("the stochastic sign needs uniform draws")
+        uniforms = tf.zeros(tf.concat([tf.shape(grads)[:2], [topk]], 0), tf.float32)
+    return _vote_sum(grads, uniforms, topk, float(max_grad), method)
+
+
+def threshold_votes(noisy_sum: tf.Tensor, threshold: float) -> tf.Tensor:
+    """+1 where noisy_sum >= threshold, -1 where <= -threshold, else 0 (float32)."""
+    noisy_sum = tf.convert_to_tensor(noisy_sum, tf.float32)
+    return (tf.cast(noisy_sum >= threshold, tf.float32)
+            - tf.cast(noisy_sum <= -threshold, tf.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopAggResult:
+    """What one TopAgg round releases, and what it cost.
+
+    Attributes:
+      update: float32 [B, D] in {-1, 0, +1}: the thresholded noisy vote (g_bar).
+      event: the DP event spent (B Gaussian mechanisms with noise multiplier
+        sigma / (2 sqrt(k))), or ``NonPrivateDpEvent`` when sigma = 0.
+      queries: B, the number of TopAgg queries (fake images) in the round.
+      pass_fraction: fraction of coordinates whose noisy vote passed the threshold.
+    """
+
+    update: tf.Tensor
+    event: dp_accounting.DpEvent
+    queries: int
+    pass_fraction: float
+
+
+class TopAgg:
+    """The TopAgg mechanism for an ensemble of ``num_teachers`` teachers.
+
+    Usage, chunk by chunk of teachers::
+
+        total = sum(topagg.vote_sum(grads_chunk, seed=...) for each chunk)
+        result = topagg.release(total, seed=...)
+
+    ``sigma = 0`` is allowed only with ``allow_no_noise=True`` (``--non_private``); the
+    released update is then not private and its event says so.
+    """
+
+    def __init__(self, config: TopAggConfig, *, num_teachers: int,
+                 allow_no_noise: bool = False):
+        if num_teachers < 1:
+            raise ValueError(f"num_teachers must be >= 1, got {num_teachers!r}")
+        if config.sigma == 0 and not allow_no_noise:
+            raise ValueError("sigma = 0 gives no privacy; pass allow_no_noise=True "
+                             "(--non_private) to run without noise")
+        self.config = config
+        self.num_teachers = num_teachers
+
+    @property
+    def threshold(self) -> float:
+        """beta * N, in votes."""
+        return self.config.thresh * self.num_teachers
+
+    def uniforms(self, num_teachers: int, num_images: int, seed: tf.Tensor) -> tf.Tensor:
+        """The stochastic sign's U[0, 1) draws [T, B, k] for a stateless seed."""
+        return tf.random.stateless_uniform((num_teachers, num_images, self.config.topk),
+                                           seed=seed, dtype=tf.float32)
+
+    def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor) -> tf.Tensor:
+        """Summed votes int32 [B, D] of a chunk of teachers' gradients [T, B, ...]."""
+        grads = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
+        uniforms = None
+        if self.config.method is Aggregation.TOPK_STOCHASTIC_SIGN:
+            uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed)
+        return summed_votes(grads, uniforms, topk=self.config.topk,
+                            max_grad=self.config.max_grad, method=self.config.method)
+
+    def event(self, num_images: int) -> dp_accounting.DpEvent:
+        """The DP event of one round over ``num_images`` fake images (one query each)."""
+        if self.config.sigma > 0:
+            return accounting.topagg_event(sigma=self.config.sigma, topk=self.config.topk,
+                                           queries=num_images)
+        return dp_accounting.NonPrivateDpEvent()
+
+    def release(self, vote_sum: tf.Tensor, *, seed: tf.Tensor) -> TopAggResult:
+        """Adds N(0, sigma^2) to every coordinate of the vote sum [B, D] and thresholds."""
+        vote_sum = tf.cast(vote_sum, tf.float32)
+        num_images = int(vote_sum.shape[0])
+        noise = tf.random.stateless_normal(tf.shape(vote_sum), seed=seed, dtype=tf.float32)
+        update = threshold_votes(vote_sum + self.config.sigma * noise, self.threshold)
+        event = self.event(num_images)
+        pass_fraction = float(tf.reduce_mean(tf.abs(update)))
+        return TopAggResult(update, event, num_images, pass_fraction)
+
+    def __call__(self, grads: tf.Tensor, *, vote_seed: tf.Tensor,
+                 noise_seed: tf.Tensor) -> TopAggResult:
+        """One round over all teachers at once: grads [N, B, ...] -> update [B, D]."""
+        if grads.shape[0] != self.num_teachers:
+            raise ValueError(f"expected gradients of {self.num_teachers} teachers, got "
+                             f"{grads.shape[0]}")
+        return self.release(self.vote_sum(grads, seed=vote_seed), seed=noise_seed)

@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""dclens command line, with the flag names of the DataLens authors' main.py.
+
+    python scripts/main.py                     # the demo: Fashion-MNIST, ~10 min on 2 cores
+    python scripts/main.py --dataset fashion_mnist --train --stochastic --signsgd \\
+        --batch_teachers 50 --teachers_batch 80 --topk 200 --sigma 5000 --thresh 0.9 \\
+        --max_eps 1 --d_step 2 --pretrain_teacher 10 --z_dim 50 --max_grad 1e-5 \\
+        --checkpoint_dir fmnist-eps1        # an authors'-style command, as-is
+    python scripts/main.py --preset fashion_mnist-eps1 --train --checkpoint_dir runs/f1
+
+Flags not given take the preset's values.  The preset is ``demo`` when no --dataset is
+given, else ``authors`` (the authors' main.py defaults), unless --preset names one.
+Booleans accept ``--flag``, ``--noflag`` and ``--flag=true|false`` as absl does.
+Flags of the authors' main.py that dclens does not implement are refused by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from dclens import config as cfg  # noqa: E402
+from dclens.accounting import Conversion  # noqa: E402
+
+# The authors' main.py defaults (their flag definitions), for --preset authors.
+AUTHORS_DEFAULTS = dict(epoch=1000, batch_size=30, learning_rate=1e-3, beta1=0.5, z_dim=100,
+                        batch_teachers=1, teachers_batch=1, topk=50, sigma=2000.0, thresh=0.5,
+                        max_eps=1.0, delta=1e-5, max_grad=0.0, d_step=1, g_step=1,
+                        pretrain_teacher=0, orders=200, shuffle=True, stochastic=False,
+                        signsgd=False)
+
+# Flags of the authors' main.py that dclens does not implement (yet): refused by name.
+UNSUPPORTED_AUTHORS_FLAGS = {
+    "g_epoch": "the autoencoder pipeline is not implemented",
+    "train_size": "use --max_records to train on a subset",
+    "input_height": "image sizes follow the dataset (28x28 or 64x64)",
+    "input_width": "image sizes follow the dataset (28x28 or 64x64)",
+    "output_height": "image sizes follow the dataset (28x28 or 64x64)",
+    "output_width": "image sizes follow the dataset (28x28 or 64x64)",
+    "checkpoint_name": "outputs have fixed names inside --checkpoint_dir",
+    "sample_dir": "samples are written into --checkpoint_dir",
+    "load_d": "loading pretrained discriminators is not implemented",
+    "crop": "CelebA is always centre-cropped",
+    "proj_mat": "random projections are not implemented",
+    "y_dim": "the number of classes follows the dataset",
+    "tanh": "the generator output is a sigmoid",
+    "random_proj": "random projections are not implemented",
+    "simple_gan": "only the DCGAN architecture is implemented",
+    "mean_kernel": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
+    "signsgd_nothresh": "only top-k sign aggregation with a threshold is implemented",
+    "klevelsgd": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
+    "sketchsgd": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
+    "signsgd_dept": "data-dependent accounting is an analysis only; the data-independent "
+                    "bound is always spent",
+    "save_vote": "saving the votes is not implemented yet",
+    "pca": "DP-PCA is not implemented",
+    "increasing_dim": "random projections are not implemented",
+    "wgan": "only the standard GAN loss is implemented",
+    "small": "only the paper's discriminator is implemented",
+    "sigma_thresh": "threshold GNMax is not implemented",
+    "pca_sigma": "DP-PCA is not implemented",
+    "step_size": "the voted update uses --learning_rate, as the authors' signsgd path does",
+    "pca_dim": "DP-PCA is not implemented",
+    "random_label": "random labels are not implemented",
+    "save_epoch": "per-epsilon snapshots are not implemented yet",
+    "klevel": "k-level quantisation is not implemented",
+    "teacher_dir": "teachers are kept inside the run",
+    "generator_dir": "the generator is written to --checkpoint_dir/generator.keras",
+    "loss": "the autoencoder pipeline is not implemented",
+    "ae": "the autoencoder pipeline is not implemented",
+    "train_ae": "the autoencoder pipeline is not implemented",
+    "finetune_ae": "the autoencoder pipeline is not implemented",
+    "sample_step": "TensorBoard sample grids are written automatically",
+    "hid_dim": "the autoencoder pipeline is not implemented",
+}
+
+BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "shuffle", "non_private", "pretrain")
+
+
+class CliError(Exception):
+    """A flag value the run cannot use."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "t", "y"):
+        return True
+    if lowered in ("0", "false", "no", "f", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="main.py", description="DataLens (dclens): DP image generation by gradient "
+        "voting. Flag names follow the authors' main.py.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = parser.add_argument
+    add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
+        " (default: demo without --dataset, else authors)")
+    add("--dataset", help="mnist, fashion_mnist, celebA-gender-<split>, celebA-hair-<split>")
+    add("--data_dir", help="data root (authors' layout <data_dir>/<dataset>/...); default: "
+        "/usr/share/datasets/fashion-mnist for fashion_mnist")
+    add("--checkpoint_dir", help="output directory (default: runs/demo for the demo, "
+        "checkpoint otherwise)")
+    add("--epoch", type=int, help="maximum epochs (passes over the partitions)")
+    add("--batch_size", type=int, help="batch size (cut to the partition size)")
+    add("--batch_teachers", type=int, help="teachers per batch (teachers = batch_teachers x "
+        "teachers_batch)")
+    add("--teachers_batch", type=int, help="number of teacher batches")
+    add("--topk", type=int, help="coordinates each teacher votes on (k)")
+    add("--sigma", type=float, help="std of the Gaussian noise on the vote sums")
+    add("--thresh", type=float, help="threshold beta in [0, 1): votes pass at beta*N")
+    add("--max_eps", type=float, help="privacy budget epsilon")
+    add("--delta", type=float, help="privacy delta")
+    add("--max_grad", type=float, help="gradient clip bound c (paper: 1e-5)")
+    add("--d_step", type=int, help="discriminator steps per generator step")
+    add("--g_step", type=int, help="student updates per generator step")
+    add("--pretrain_teacher", type=int, help="discriminator steps in the first epoch")
+    add("--z_dim", type=int, help="latent dimension")
+    add("--learning_rate", type=float, help="Adam learning rate; also the voted step size")
+    add("--beta1", type=float, help="Adam beta1")
+    add("--orders", type=int, help="RDP orders 1.1, 2, ..., orders-1 (classic conversion)")
+    add("--conversion", choices=[c.value for c in Conversion],
+        help="RDP -> (eps, delta) conversion for the budget and reports")
+    add("--seed", type=int, help="fix every random draw, DP noise included (runs with a "
+        "fixed seed must not be published as private); default: OS entropy")
+    add("--partition_seed", type=int, help="seed of the partition into teachers")
+    add("--teacher_chunk", type=int, help="teachers processed together (memory bound)")
+    add("--num_samples", type=int, help="synthetic samples written at the end")
+    add("--max_records", type=int, help="train on the first N records only")
+    add("--quiet", action="store_true", help="no progress bar")
+    for name in BOOLEAN_FLAGS:
+        add(f"--{name}", nargs="?", const=True, default=None, type=_parse_bool,
+            metavar="BOOL")
+        add(f"--no{name}", dest=name, action="store_const", const=False)
+    for name in UNSUPPORTED_AUTHORS_FLAGS:
+        add(f"--{name}", dest=f"unsupported_{name}", nargs="?", const=True, default=None,
+            help=argparse.SUPPRESS)
+        add(f"--no{name}", dest=f"unsupported_{name}", action="store_const", const=False,
+            help=argparse.SUPPRESS)
+    return parser
+
+
+def _choose_preset(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig]:
+    name = args.preset or ("authors" if args.dataset else "demo")
+    if name == "authors":
+        d = AUTHORS_DEFAULTS
+        base = cfg.DataLensConfig(
+            train=cfg.TrainConfig(dataset=args.dataset or "fashion_mnist", num_teachers=1,
+                                  batch_size=d["batch_size"], epochs=d["epoch"],
+                                  d_step=d["d_step"], pretrain_teacher=d["pretrain_teacher"],
+                                  g_step=d["g_step"], z_dim=d["z_dim"],
+                                  learning_rate=d["learning_rate"], beta1=d["beta1"]),
+            topagg=cfg.TopAggConfig(topk=d["topk"], sigma=d["sigma"], thresh=d["thresh"],
+                                    max_grad=1e-5),
+            budget=cfg.BudgetConfig(max_eps=d["max_eps"], delta=d["delta"]))
+        return name, base
+    return name, cfg.preset(name)
+
+
+def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, str]:
+    """Flags -> (preset name, config, train?, output dir).  Raises CliError/ConfigError."""
+    for name, why in UNSUPPORTED_AUTHORS_FLAGS.items():
+        if getattr(args, f"unsupported_{name}") is not None:
+            raise CliError(f"--{name} (a flag of the authors' main.py) is not implemented in "
+                           f"dclens yet: {why}")
+    if args.pretrain:
+        raise CliError("--pretrain (load a pretrained generator) is not implemented; the "
+                       "generator always starts from scratch (the authors' --nopretrain)")
+    preset_name, base = _choose_preset(args)
+    train, topagg, budget = {}, {}, {}
+    if args.dataset is not None:
+        train["dataset"] = args.dataset
+    mapping = {"data_dir": "data_dir", "epoch": "epochs", "batch_size": "batch_size",
+               "d_step": "d_step", "g_step": "g_step", "pretrain_teacher": "pretrain_teacher",
+               "z_dim": "z_dim", "learning_rate": "learning_rate", "beta1": "beta1",
+               "seed": "seed", "partition_seed": "partition_seed",
+               "teacher_chunk": "teacher_chunk", "num_samples": "num_samples",
+               "max_records": "max_records", "shuffle": "balanced_partition",
+               "non_private": "non_private"}
+    for flag, field in mapping.items():
+        if getattr(args, flag) is not None:
+            train[field] = getattr(args, flag)
+    if args.batch_teachers is not None or args.teachers_batch is not None:
+        per_batch = args.batch_teachers if args.batch_teachers is not None else 1
+        batches = args.teachers_batch if args.teachers_batch is not None else 1
+        if per_batch < 1 or batches < 1:
+            raise CliError(f"--batch_teachers and --teachers_batch must be >= 1, got "
+                           f"{per_batch} and {batches}")
+        train["num_teachers"] = per_batch * batches
+    for flag in ("topk", "sigma", "thresh", "max_grad"):
+        if getattr(args, flag) is not None:
+            topagg[flag] = getattr(args, flag)
+    if args.signsgd is False:
+        raise CliError("--nosignsgd: dclens implements only the paper's top-k sign voting "
+                       "(--signsgd, with --stochastic for the stochastic sign)")
+    if args.stochastic is not None:
+        topagg["method"] = (cfg.Aggregation.TOPK_STOCHASTIC_SIGN if args.stochastic
+                            else cfg.Aggregation.TOPK_SIGN)
+    elif args.signsgd and preset_name == "authors":
+        topagg["method"] = cfg.Aggregation.TOPK_SIGN   # --signsgd without --stochastic
+    if args.max_grad is not None and args.max_grad <= 0:
+        raise CliError(f"--max_grad must be > 0 (the paper uses 1e-5), got {args.max_grad!r}")
+    if args.max_eps is not None:
+        budget["max_eps"] = args.max_eps
+    if args.delta is not None:
+        budget["delta"] = args.delta
+    if args.orders is not None:
+        budget["max_order"] = args.orders
+    if args.conversion is not None:
+        budget["conversion"] = Conversion(args.conversion)
+    config = base.replace(train=train, topagg=topagg, budget=budget)
+    do_train = args.train if args.train is not None else preset_name == "demo"
+    output_dir = args.checkpoint_dir or ("runs/demo" if preset_name == "demo" else "checkpoint")
+    return preset_name, config, do_train, output_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        preset_name, config, do_train, output_dir = resolve(args)
+    except (CliError, cfg.ConfigError) as error:
+        parser.error(str(error))
+    from dclens import data, run
+
+    try:
+        if do_train:
+            print(f"dclens: training with preset {preset_name!r} (flags override it); "
+                  f"resolved config in {os.path.join(output_dir, 'config.json')}")
+            run.train_run(config, output_dir, progress=not args.quiet)
+        else:
+            print(f"dclens: no --train: sampling the trained generator in {output_dir}")
+            run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed)
+    except (data.DataError, run.RunDirError, ValueError) as error:
+        print(f"main.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny Fashion-MNIST-shaped IDX data set made by the tests."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+
+def write_idx(path, array: np.ndarray) -> None:
+    """Writes a uint8 IDX file (gzipped when the name ends in .gz)."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+    header += b"".join(struct.pack(">I", d) for d in array.shape)
+    payload = header + array.astype(np.uint8).tobytes()
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as stream:
+        stream.write(payload)
+
+
+@pytest.fixture(scope="session")
+def tiny_fmnist_dir(tmp_path_factory):
+    """<root>/fashion_mnist/{train,t10k}-*-ubyte.gz with 120 / 40 class-dependent images.
+
+    Each class c is a bright horizontal bar at rows 2c..2c+4 plus noise, so a conditional
+    generator has something label-dependent to learn.
+    """
+    root = tmp_path_factory.mktemp("data")
+    folder = root / "fashion_mnist"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", 120), ("t10k", 40)):
+        labels = np.arange(count) % 10
+        images = rng.integers(0, 60, size=(count, 28, 28))
+        for i, label in enumerate(labels):
+            images[i, 2 * label + 2:2 * label + 6, 4:24] = 230
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return root

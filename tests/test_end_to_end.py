@@ -1,0 +1,133 @@
+"""A few-step DataLens run on tiny data writes every output and respects the budget."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dclens import accounting, export, run
+from dclens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
+
+TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
+SIGMA, TOPK = 20.0, 50
+QUERIES_PER_STEP = BATCH
+
+
+def _budget_for_steps(steps: int) -> float:
+    """A max_eps that admits exactly ``steps`` steps (midway to the next step's epsilon)."""
+    curve = accounting.epsilon_curve(sigma=SIGMA, topk=TOPK, queries_per_step=QUERIES_PER_STEP,
+                                     steps=steps + 1, delta=1e-5,
+                                     conversion=accounting.Conversion.CLASSIC)
+    return (curve[steps - 1].epsilon + curve[steps].epsilon) / 2
+
+
+def tiny_config(data_dir, *, seed=3, steps=3, non_private=False) -> DataLensConfig:
+    return DataLensConfig(
+        train=TrainConfig(dataset="fashion_mnist", data_dir=str(data_dir), num_teachers=TEACHERS,
+                          batch_size=BATCH, epochs=5, d_step=1, pretrain_teacher=2, z_dim=8,
+                          seed=seed, teacher_chunk=3, num_samples=60, max_records=RECORDS,
+                          non_private=non_private),
+        topagg=TopAggConfig(topk=TOPK, sigma=0.0 if non_private else SIGMA, thresh=0.25),
+        budget=BudgetConfig(max_eps=_budget_for_steps(steps)))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_fmnist_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "out"
+    config = tiny_config(tiny_fmnist_dir)
+    summary = run.train_run(config, str(out), progress=False, log=lambda _: None)
+    return config, summary, out
+
+
+def test_every_output_is_written(finished_run):
+    config, summary, out = finished_run
+    names = set(os.listdir(out))
+    expected = {"config.json", "privacy.json", "generator.keras", "samples.npz", "samples.png",
+                "logs"} | {f"eps-{summary.epsilon:.2f}.data-{i}.pkl" for i in range(10)}
+    assert expected <= names, expected - names
+    assert not [n for n in names if n.startswith(".tmp-")]   # no temporary left behind
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(out / "logs"))
+
+
+def test_budget_stops_before_exceeding(finished_run):
+    config, summary, out = finished_run
+    assert summary.stop_reason == "budget"
+    assert summary.steps == 3
+    assert summary.queries == 3 * QUERIES_PER_STEP
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["conversion"] == "classic"
+    assert privacy["epsilon"]["epsilon"] <= config.budget.max_eps
+    assert [p["step"] for p in privacy["epsilon_per_step"]] == [1, 2, 3]
+    want = accounting.epsilon_curve(sigma=SIGMA, topk=TOPK, queries_per_step=QUERIES_PER_STEP,
+                                    steps=3, delta=1e-5,
+                                    conversion=accounting.Conversion.CLASSIC)
+    got = [p["epsilon"] for p in privacy["epsilon_per_step"]]
+    np.testing.assert_allclose(got, [w.epsilon for w in want], rtol=1e-12)
+    # The fourth step would have exceeded the budget.
+    fourth = accounting.epsilon_for(sigma=SIGMA, topk=TOPK, queries_per_step=QUERIES_PER_STEP,
+                                    steps=4, delta=1e-5, conversion=accounting.Conversion.CLASSIC)
+    assert fourth.epsilon > config.budget.max_eps
+    ledger = accounting.PrivacyLedger.from_state_dict(privacy["ledger"])
+    assert ledger.queries == 3 * QUERIES_PER_STEP
+    assert set(privacy["epsilon_all_conversions"]) == {"classic", "dp_accounting"}
+    assert privacy["reproducible_noise"] is True
+
+
+def test_samples_and_authors_layout(finished_run):
+    config, _, out = finished_run
+    samples = np.load(out / "samples.npz")
+    x, y = samples["x"], samples["y"]
+    assert x.shape == (60, 28, 28, 1) and x.dtype == np.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    assert set(np.unique(y)) <= set(range(10))
+    paths = sorted((str(p) for p in out.glob("eps-*.data-*.pkl")),
+                   key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0]))
+    xa, ya = export.read_authors_pickles(paths, (28, 28, 1), 10)
+    np.testing.assert_array_equal(xa, x)
+    np.testing.assert_array_equal(ya, y)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["config"] == config.to_dict()
+    assert saved["batch"] == BATCH
+
+
+def test_same_seed_same_samples_different_seed_differs(finished_run, tiny_fmnist_dir, tmp_path):
+    _, _, out = finished_run
+    again = run.train_run(tiny_config(tiny_fmnist_dir), str(tmp_path / "again"),
+                          progress=False, log=lambda _: None)
+    assert again.steps == 3
+    first = np.load(out / "samples.npz")["x"]
+    np.testing.assert_array_equal(np.load(tmp_path / "again" / "samples.npz")["x"], first)
+    run.train_run(tiny_config(tiny_fmnist_dir, seed=4), str(tmp_path / "other"),
+                  progress=False, log=lambda _: None)
+    assert not np.array_equal(np.load(tmp_path / "other" / "samples.npz")["x"], first)
+
+
+def test_refuses_directory_of_another_run(finished_run, tiny_fmnist_dir):
+    _, _, out = finished_run
+    before = (out / "privacy.json").read_text()
+    with pytest.raises(run.RunDirError, match="already holds a run"):
+        run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False, log=lambda _: None)
+    assert (out / "privacy.json").read_text() == before
+
+
+def test_non_private_run_says_so(tiny_fmnist_dir, tmp_path):
+    messages = []
+    config = tiny_config(tiny_fmnist_dir, non_private=True).replace(train={"epochs": 1})
+    summary = run.train_run(config, str(tmp_path / "np"), progress=False, log=messages.append)
+    assert summary.epsilon is None and summary.stop_reason == "epochs"
+    assert any("NOT private" in m for m in messages)
+    privacy = json.loads((tmp_path / "np" / "privacy.json").read_text())
+    assert privacy["private"] is False and "NOT private" in privacy["warning"]
+    assert (tmp_path / "np" / "non_private.data-0.pkl").exists()
+
+
+def test_sample_mode_reloads_generator(finished_run, tmp_path):
+    _, _, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    paths = run.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
+    assert np.load(paths["samples"])["x"].shape == (30, 28, 28, 1)
+    with pytest.raises(run.RunDirError, match="train a model first"):
+        run.sample_run(str(tmp_path / "empty"), log=lambda _: None)
