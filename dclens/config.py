@@ -304,11 +304,11 @@ def demo_preset() -> DataLensConfig:
     far larger than the paper's.
     """
     return DataLensConfig(
-        train=TrainConfig(dataset="fashion_mnist", num_teachers=200, batch_size=30,
+        train=TrainConfig(dataset="fashion_mnist", num_teachers=100, batch_size=30,
                           epochs=1000, d_step=2, pretrain_teacher=10, z_dim=50,
                           teacher_chunk=10, num_samples=20_000),
-        topagg=TopAggConfig(topk=200, sigma=100.0, thresh=0.3),
-        budget=BudgetConfig(max_eps=150.0),
+        topagg=TopAggConfig(topk=200, sigma=50.0, thresh=0.3),
+        budget=BudgetConfig(max_eps=350.0),
     )
 
 

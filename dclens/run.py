@@ -52,8 +52,8 @@ class RunSummary:
     seconds: float
 
 
-def _prepare_output_dir(path: str) -> None:
-    """Creates the directory; refuses one that already holds a run (nothing is overwritten)."""
+def _check_output_dir(path: str) -> None:
+    """Refuses a directory that holds a run or cannot be written; creates nothing."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise RunDirError(f"--checkpoint_dir {path!r} exists and is not a directory; "
                           "choose another path")
@@ -62,15 +62,12 @@ def _prepare_output_dir(path: str) -> None:
     if existing:
         raise RunDirError(f"--checkpoint_dir {path!r} already holds a run ({', '.join(existing)}); "
                           "choose a new directory (nothing was changed)")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".write-test")
-        with open(probe, "w") as stream:
-            stream.write("ok")
-        os.remove(probe)
-    except OSError as error:
-        raise RunDirError(f"--checkpoint_dir {path!r} is not writable ({error.strerror}); "
-                          "choose a writable directory") from None
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise RunDirError(f"--checkpoint_dir {path!r} is not writable ({ancestor!r} is not "
+                          "writable); choose a writable directory")
 
 
 def load_training_data(config: DataLensConfig) -> data.LabeledImages:
@@ -139,7 +136,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     from dclens.train import BudgetExhausted, DataLens
 
     started = time.perf_counter()
-    _prepare_output_dir(output_dir)
+    _check_output_dir(output_dir)      # before the (slow) data loading
     seeded = config.train.seed is not None
     if config.train.non_private:
         log(NOT_PRIVATE_WARNING)
@@ -148,6 +145,8 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     root_seed = config.train.seed if seeded else entropy_seed()
     dataset = load_training_data(config)
     lens = DataLens(config, dataset, root_seed=root_seed)
+    _check_output_dir(output_dir)      # again: another run may have started meanwhile
+    os.makedirs(output_dir, exist_ok=True)
     export.write_json(os.path.join(output_dir, "config.json"), {
         "config": config.to_dict(), "dataset_source": dataset.source,
         "records": len(dataset.labels), "partition_size": lens.partition_size,
@@ -160,11 +159,21 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
 
     writer = tf.summary.create_file_writer(os.path.join(output_dir, "logs"))
     total_steps = config.train.epochs * lens.steps_per_epoch
-    bar = _progress(total_steps, progress)
+    expected_steps = total_steps
+    if not config.train.non_private:
+        # Steps the budget allows (g_step rounds of B queries each): the progress bar's end.
+        expected_steps = min(total_steps, accounting.max_steps_within(
+            sigma=config.topagg.sigma, topk=config.topagg.topk,
+            queries_per_step=lens.batch * config.train.g_step, max_eps=config.budget.max_eps,
+            delta=config.budget.delta, conversion=config.budget.conversion,
+            orders=lens.ledger.orders))
+        log(f"the budget epsilon <= {config.budget.max_eps:g} allows {expected_steps} steps "
+            f"({config.budget.conversion.value} conversion)")
+    bar = _progress(expected_steps, progress)
     curve: list[dict] = []
     stop_reason = "epochs"
     privacy_path = os.path.join(output_dir, "privacy.json")
-    grid_every = max(1, min(50, total_steps // 10))
+    grid_every = max(1, min(50, expected_steps // 10))
     while lens.step < total_steps:
         try:
             record = lens.train_step()

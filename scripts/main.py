@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="main.py", description="DataLens (dclens): DP image generation by gradient "
         "voting. Flag names follow the authors' main.py.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     add = parser.add_argument
     add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
         " (default: demo without --dataset, else authors)")
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if do_train:
             print(f"dclens: training with preset {preset_name!r} (flags override it); "
-                  f"resolved config in {os.path.join(output_dir, 'config.json')}")
+                  f"the resolved config goes to {os.path.join(output_dir, 'config.json')}")
             run.train_run(config, output_dir, progress=not args.quiet)
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")

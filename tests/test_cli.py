@@ -1,0 +1,317 @@
+"""Tests for scripts/main.py: flag validation, flag -> config mapping, a tiny real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from dclens import config as cfg
+from dclens import export
+
+_MAIN_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "main.py"
+_spec = importlib.util.spec_from_file_location("dclens_cli_main", _MAIN_PATH)
+cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cli)
+
+RUN_OUTPUTS = ("config.json", "privacy.json", "generator.keras", "samples.npz", "samples.png")
+
+
+def resolve(*argv: str):
+    return cli.resolve(cli.build_parser().parse_args(list(argv)))
+
+
+# ------------------------------------------------------------ rejected before anything runs
+
+# (flags, substrings the error message must contain)
+BAD_FLAGS = [
+    (["--topk", "0"], ["topk", "got 0"]),
+    (["--sigma", "-1"], ["sigma", "got -1.0"]),
+    (["--sigma", "0"], ["sigma", "got 0.0", "--non_private"]),
+    (["--sigma", "nan"], ["sigma", "got nan"]),
+    (["--thresh", "1.5"], ["thresh", "got 1.5"]),
+    (["--thresh", "-0.1"], ["thresh", "got -0.1"]),
+    (["--max_eps", "0"], ["max_eps", "got 0.0"]),
+    (["--delta", "0"], ["delta", "got 0.0"]),
+    (["--delta", "1.5"], ["delta", "got 1.5"]),
+    (["--z_dim", "0"], ["z_dim", "got 0"]),
+    (["--learning_rate", "0"], ["learning_rate", "got 0.0"]),
+    (["--batch_size", "0"], ["batch_size", "got 0"]),
+    (["--d_step", "0"], ["d_step", "got 0"]),
+    (["--epoch", "0"], ["epochs", "got 0"]),
+    (["--batch_teachers", "0"], ["--batch_teachers", "got 0"]),
+    (["--teachers_batch", "-3"], ["--teachers_batch", "-3"]),
+    (["--max_grad", "0"], ["--max_grad", "got 0.0"]),
+    (["--max_grad=-1e-5"], ["--max_grad", "got -1e-05"]),
+    (["--orders", "2"], ["orders", "got 2"]),
+    (["--seed", "-1"], ["seed", "got -1"]),
+    (["--max_records", "0"], ["max_records", "got 0"]),
+    (["--preset", "nope"], ["'nope'", "fashion_mnist-eps1"]),
+    (["--conversion", "bogus"], ["--conversion", "'bogus'"]),
+    (["--frobnicate", "1"], ["unrecognized arguments", "--frobnicate 1"]),
+    (["--wgan"], ["--wgan", "not implemented"]),
+    (["--save_vote"], ["--save_vote", "not implemented"]),
+    (["--pca"], ["--pca", "not implemented"]),
+    (["--step_size", "1e-4"], ["--step_size", "not implemented"]),
+    (["--nowgan"], ["--wgan", "not implemented"]),
+    (["--pretrain"], ["--pretrain", "not implemented"]),
+    (["--nosignsgd"], ["--nosignsgd"]),
+    (["--signsgd=false"], ["--nosignsgd"]),
+    (["--train=maybe"], ["--train", "'maybe'"]),
+    (["--topk", "ten"], ["--topk", "'ten'"]),
+]
+
+
+@pytest.mark.parametrize("flags,expected", BAD_FLAGS,
+                         ids=[" ".join(flags) for flags, _ in BAD_FLAGS])
+def test_bad_flag_is_rejected_and_nothing_is_written(flags, expected, tmp_path, capsys):
+    out = tmp_path / "out"
+    # A dataset that does not exist: were a bad value accepted, the run would fail fast
+    # at data loading (return 2, no SystemExit) instead of training for long.
+    argv = ["--train", "--dataset", "fashion_mnist", "--data_dir", str(tmp_path / "nodata"),
+            "--checkpoint_dir", str(out), "--quiet", *flags]
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(argv)
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    for text in expected:
+        assert text in err, (text, err)
+    assert not out.exists()
+
+
+def test_sigma_zero_with_non_private_is_accepted():
+    _, config, _, _ = resolve("--sigma", "0", "--non_private")
+    assert config.topagg.sigma == 0.0 and config.train.non_private is True
+
+
+# --------------------------------------------------------- errors found after loading data
+
+def _assert_no_partial_run(out: pathlib.Path) -> None:
+    for name in RUN_OUTPUTS:
+        assert not (out / name).exists(), name
+    # The output directory is created (and probed for writability) before the data is
+    # loaded; what must not be left behind is any file of a run.
+    if out.exists():
+        assert os.listdir(out) == []
+
+
+def test_topk_larger_than_image_dimension(tiny_fmnist_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["--train", "--dataset", "fashion_mnist", "--data_dir", str(tiny_fmnist_dir),
+                     "--topk", "1000", "--checkpoint_dir", str(out), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "topk=1000" in err and "784" in err
+    _assert_no_partial_run(out)
+
+
+def test_more_teachers_than_records(tiny_fmnist_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["--train", "--dataset", "fashion_mnist", "--data_dir", str(tiny_fmnist_dir),
+                     "--batch_teachers", "200", "--teachers_batch", "1",
+                     "--checkpoint_dir", str(out), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "more teachers (200) than records (120)" in err
+    _assert_no_partial_run(out)
+
+
+def test_missing_data_dir_lists_paths_tried(tmp_path, capsys):
+    out = tmp_path / "out"
+    nowhere = tmp_path / "nowhere"
+    code = cli.main(["--train", "--dataset", "fashion_mnist", "--data_dir", str(nowhere),
+                     "--checkpoint_dir", str(out), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "could not find 'fashion_mnist'" in err
+    assert "Tried:" in err
+    assert str(nowhere / "fashion_mnist" / "train-images-idx3-ubyte.gz") in err
+    assert str(nowhere / "train-labels-idx1-ubyte") in err
+    _assert_no_partial_run(out)
+
+
+# ------------------------------------------------------------------ flags -> configuration
+
+def test_teacher_count_is_the_product():
+    _, config, _, _ = resolve("--batch_teachers", "5", "--teachers_batch", "3")
+    assert config.train.num_teachers == 15
+    _, config, _, _ = resolve("--batch_teachers", "7")
+    assert config.train.num_teachers == 7
+
+
+def test_signsgd_stochastic_is_the_stochastic_sign():
+    _, config, _, _ = resolve("--signsgd", "--stochastic")
+    assert config.topagg.method is cfg.Aggregation.TOPK_STOCHASTIC_SIGN
+    _, config, _, _ = resolve("--dataset", "fashion_mnist", "--signsgd", "--stochastic")
+    assert config.topagg.method is cfg.Aggregation.TOPK_STOCHASTIC_SIGN
+
+
+def test_signsgd_alone_on_authors_preset_is_deterministic_sign():
+    name, config, _, _ = resolve("--dataset", "fashion_mnist", "--signsgd")
+    assert name == "authors"
+    assert config.topagg.method is cfg.Aggregation.TOPK_SIGN
+
+
+@pytest.mark.parametrize("argv", [["--nostochastic"], ["--stochastic=false"],
+                                  ["--preset", "mnist-eps1", "--nostochastic"]])
+def test_nostochastic_is_deterministic_sign(argv):
+    _, config, _, _ = resolve(*argv)
+    assert config.topagg.method is cfg.Aggregation.TOPK_SIGN
+
+
+@pytest.mark.parametrize("argv,expected", [(["--shuffle=false"], False), (["--noshuffle"], False),
+                                           (["--shuffle"], True), (["--shuffle=0"], False)])
+def test_shuffle_is_balanced_partition(argv, expected):
+    _, config, _, _ = resolve(*argv)
+    assert config.train.balanced_partition is expected
+
+
+def test_no_flags_is_the_demo():
+    name, config, do_train, output = resolve()
+    assert name == "demo"
+    assert do_train is True
+    assert output == "runs/demo"
+    assert config == cfg.demo_preset()
+
+
+def test_dataset_alone_is_the_authors_defaults():
+    name, config, do_train, output = resolve("--dataset", "mnist")
+    assert name == "authors"
+    assert do_train is False
+    assert output == "checkpoint"
+    assert config.train.dataset == "mnist"
+    assert config.topagg.topk == 50
+    assert config.topagg.sigma == 2000.0
+    assert config.topagg.thresh == 0.5
+    assert config.train.d_step == 1
+    assert config.train.z_dim == 100
+    assert config.train.num_teachers == 1
+    assert config.train.batch_size == 30
+    assert config.train.epochs == 1000
+    assert config.train.pretrain_teacher == 0
+    assert config.budget.max_eps == 1.0 and config.budget.delta == 1e-5
+    assert config.budget.max_order == 200
+
+
+def test_paper_preset_by_name():
+    name, config, do_train, _ = resolve("--preset", "fashion_mnist-eps1")
+    assert name == "fashion_mnist-eps1"
+    assert do_train is False
+    assert config.train.num_teachers == 4000
+    assert config.topagg.topk == 200
+    assert config.topagg.sigma == 5000.0
+    assert config.topagg.thresh == 0.9
+    assert config == cfg.preset("fashion_mnist-eps1")
+
+
+def test_flags_override_a_preset():
+    _, config, _, _ = resolve("--preset", "fashion_mnist-eps1", "--sigma", "10")
+    base = cfg.preset("fashion_mnist-eps1")
+    assert config.topagg.sigma == 10.0
+    assert config == base.replace(topagg={"sigma": 10.0})
+    _, config, do_train, output = resolve("--preset", "fashion_mnist-eps1", "--train",
+                                          "--max_eps", "3", "--checkpoint_dir", "x")
+    assert do_train is True and output == "x"
+    assert config.budget.max_eps == 3.0
+    assert config.topagg == base.topagg
+
+
+def test_conversion_and_orders_map_to_budget():
+    _, config, _, _ = resolve("--conversion", "dp_accounting", "--orders", "64")
+    assert config.budget.conversion is cfg.Conversion.DP_ACCOUNTING
+    assert config.budget.max_order == 64
+
+
+# ------------------------------------------------------------------------ a tiny real run
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_fmnist_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    code = cli.main(["--dataset", "fashion_mnist", "--data_dir", str(tiny_fmnist_dir), "--train",
+                     "--signsgd", "--stochastic", "--batch_teachers", "2", "--teachers_batch", "2",
+                     "--batch_size", "10", "--topk", "50", "--sigma", "20", "--thresh", "0.25",
+                     "--max_eps", "1000", "--epoch", "1", "--d_step", "1",
+                     "--pretrain_teacher", "1", "--z_dim", "8", "--num_samples", "20",
+                     "--seed", "1", "--max_records", "80", "--checkpoint_dir", str(out),
+                     "--quiet"])
+    return code, out
+
+
+def test_tiny_cli_run_writes_a_run(cli_run):
+    code, out = cli_run
+    assert code == 0
+    for name in RUN_OUTPUTS:
+        assert (out / name).exists(), name
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["config"]["train"]["num_teachers"] == 4
+    assert saved["config"]["topagg"]["method"] == "topk_stochastic_sign"
+    assert saved["config"]["topagg"]["topk"] == 50
+    assert saved["config"]["train"]["max_records"] == 80
+    assert saved["records"] == 80
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["stop_reason"] == "epochs"
+    assert 0 < privacy["epsilon"]["epsilon"] <= 1000
+    assert np.load(out / "samples.npz")["x"].shape == (20, 28, 28, 1)
+
+
+def test_sampling_mode_rewrites_samples(cli_run, capsys):
+    code, out = cli_run
+    assert code == 0
+    before = np.load(out / "samples.npz")["x"]
+    config_before = (out / "config.json").read_text()
+    pickle_names = sorted((p.name for p in out.glob("*.data-*.pkl")),
+                          key=lambda n: int(n.rsplit("-", 1)[1][:-4]))
+    assert len(pickle_names) == 10
+    code = cli.main(["--checkpoint_dir", str(out), "--dataset", "fashion_mnist",
+                     "--num_samples", "10", "--seed", "2"])
+    assert code == 0
+    samples = np.load(out / "samples.npz")
+    assert samples["x"].shape == (10, 28, 28, 1)
+    assert samples["y"].shape == (10,)
+    assert 0.0 <= samples["x"].min() and samples["x"].max() <= 1.0
+    assert not np.array_equal(samples["x"], before[:10])   # new latents (seed 2)
+    assert (out / "config.json").read_text() == config_before   # the run itself is untouched
+    # The authors' pickles are rewritten under the same names with the same samples.
+    pickles = sorted(out.glob("*.data-*.pkl"), key=lambda p: int(p.name.rsplit("-", 1)[1][:-4]))
+    assert [p.name for p in pickles] == pickle_names
+    xa, ya = export.read_authors_pickles([str(p) for p in pickles], (28, 28, 1), 10)
+    np.testing.assert_array_equal(xa, samples["x"])
+    np.testing.assert_array_equal(ya, samples["y"])
+    assert "sampling" in capsys.readouterr().out
+
+
+def test_training_again_into_a_finished_run_is_refused(cli_run, tiny_fmnist_dir, capsys):
+    code, out = cli_run
+    assert code == 0
+    privacy = (out / "privacy.json").read_text()
+    code = cli.main(["--dataset", "fashion_mnist", "--data_dir", str(tiny_fmnist_dir), "--train",
+                     "--max_records", "80", "--batch_teachers", "4", "--checkpoint_dir", str(out),
+                     "--quiet"])
+    assert code == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (out / "privacy.json").read_text() == privacy
+
+
+def test_sampling_mode_on_empty_dir(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    code = cli.main(["--checkpoint_dir", str(empty), "--dataset", "fashion_mnist"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "train a model first" in err
+    assert not empty.exists()
+
+
+def test_help_lists_supported_flags_only(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(["--help"])
+    assert excinfo.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--sigma", "--topk", "--thresh", "--batch_teachers", "--teachers_batch",
+                 "--checkpoint_dir", "--nostochastic", "--non_private"):
+        assert flag in out
+    assert "--wgan" not in out and "--save_vote" not in out
