@@ -17,7 +17,6 @@ Flags of the authors' main.py that dclens does not implement are refused by name
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import pathlib
 import sys
