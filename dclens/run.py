@@ -71,9 +71,9 @@ def _check_output_dir(path: str) -> None:
 
 
 def load_training_data(config: DataLensConfig) -> data.LabeledImages:
-    dataset = data.load_dataset(config.train.dataset, config.train.data_dir, split="train",
-                                limit=config.train.max_records)
-    return dataset
+    """The private training split named by the config (first ``max_records`` if set)."""
+    return data.load_dataset(config.train.dataset, config.train.data_dir, split="train",
+                             limit=config.train.max_records)
 
 
 def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason: str | None,

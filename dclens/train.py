@@ -150,14 +150,14 @@ class DataLens:
         fakes = tf.reshape(fakes, (k, self.batch, *fakes.shape[1:]))
         slot = self.step % self.steps_per_epoch
         columns = slice(slot * self.batch, (slot + 1) * self.batch)
-        position = tf.range(self.batch)
+        position = np.arange(self.batch)
         losses = []
         for start, stop in self.bank.chunks(train_cfg.teacher_chunk):
             records = self.partitions[start:stop, columns]
             real = tf.constant(self.images[records])
             real_labels = self.labels[records]
             fake = tf.gather_nd(fakes, tf.stack(
-                [real_labels, np.broadcast_to(position.numpy(), real_labels.shape)], axis=-1))
+                [real_labels, np.broadcast_to(position, real_labels.shape)], axis=-1))
             labels = self.one_hot(real_labels)
             state, loss = self.ensemble.train(self.bank.read(start, stop), real, labels,
                                               fake, labels, num_steps=num_steps)
