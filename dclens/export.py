@@ -1,7 +1,8 @@
 """Writing a run's outputs atomically: samples, the authors' pickle layout, JSON, PNG grids.
 
-Every file is written to a temporary name in the same directory, flushed to disk and
-renamed over the final name, so a crash never leaves a half-written output behind.
+Every file is written to a temporary name in the same directory, fsynced, renamed over
+the final name and the directory fsynced, so a crash never leaves a half-written output
+behind and a completed write survives a power loss.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ import tempfile
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Makes a rename or creation inside ``path`` durable (no-op where unsupported)."""
+    try:
+        handle = os.open(os.fspath(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
 
 
 @contextlib.contextmanager
@@ -33,6 +48,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)   # mkstemp makes 0600 files
         os.replace(temporary, path)
+        fsync_directory(directory)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)

@@ -5,19 +5,27 @@ calls without ``--train``.  Files written in the output directory:
 
 =========================  ====================================================
 ``config.json``            the resolved configuration (+ how the seed was chosen)
-``privacy.json``           the ledger: delta, conversion, epsilon after every step,
-                           queries, sigma, k; rewritten after every step
+``ledger.json``            the write-ahead privacy journal: every round's spend is
+                           fsynced here before its noise is drawn (dclens.journal)
+``privacy.json``           the privacy report: delta, conversion, epsilon after every
+                           step, queries, lost queries, sigma, k; rewritten every step
+``checkpoints/``           PRIVATE resume state: root seed, teachers, generator,
+                           optimizer, step, ledger (dclens.checkpoint); never publish it
 ``generator.keras``        the student generator (Keras format)
 ``samples.npz``            ``x`` float32 [N, H, W, C] in [0, 1], ``y`` int64 [N]
 ``eps-X.XX.data-i.pkl``    the same samples in the authors' layout (10 files)
 ``samples.png``            a sample grid, one row per class
 ``logs/``                  TensorBoard: epsilon, losses, pass fraction, sample grids
 =========================  ====================================================
+
+Running the same command again on the same directory resumes it (see :mod:`dclens.rundir`
+for what may change between the two commands, :mod:`dclens.journal` for the ledger rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -27,8 +35,13 @@ from typing import Callable
 import numpy as np
 
 from dclens import accounting, data, export
+from dclens.checkpoint import CheckpointStore
 from dclens.config import DataLensConfig
+from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
+from dclens.rundir import Mode, RunDirError, RunPaths, plan_run, set_aside
+
+__all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
 
 NOT_PRIVATE_WARNING = ("*** --non_private: NO differential privacy. This run's generator and "
                        "samples are NOT private; use them for debugging only. ***")
@@ -38,8 +51,8 @@ REPRODUCIBLE_NOISE_WARNING = (
 GRID_COLUMNS = 10
 
 
-class RunDirError(RuntimeError):
-    """The output directory cannot be used for this run."""
+class TrainingDiverged(RuntimeError):
+    """A loss became NaN or infinite; the run stopped at its last good checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,24 +63,17 @@ class RunSummary:
     stop_reason: str
     output_dir: str
     seconds: float
+    resumed_from_step: int | None = None
+    lost_queries: int = 0
 
 
-def _check_output_dir(path: str) -> None:
-    """Refuses a directory that holds a run or cannot be written; creates nothing."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RunDirError(f"--checkpoint_dir {path!r} exists and is not a directory; "
-                          "choose another path")
-    existing = [name for name in ("config.json", "privacy.json")
-                if os.path.exists(os.path.join(path, name))]
-    if existing:
-        raise RunDirError(f"--checkpoint_dir {path!r} already holds a run ({', '.join(existing)}); "
-                          "choose a new directory (nothing was changed)")
-    ancestor = os.path.abspath(path)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise RunDirError(f"--checkpoint_dir {path!r} is not writable ({ancestor!r} is not "
-                          "writable); choose a writable directory")
+FaultHook = Callable[[str, int], None]
+"""``hook(point, step)``: called at named points of a run (fault-injection tests).
+
+Points: ``after_spend`` (a round's spend is journaled, its noise not drawn yet),
+``after_step`` (privacy.json written, checkpoint not yet), ``checkpoint_before_commit``
+(checkpoint files durable, folder not renamed), ``after_checkpoint``, ``before_outputs``.
+"""
 
 
 def load_training_data(config: DataLensConfig) -> data.LabeledImages:
@@ -77,7 +83,7 @@ def load_training_data(config: DataLensConfig) -> data.LabeledImages:
 
 
 def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason: str | None,
-                   seeded: bool) -> dict:
+                   seeded: bool, journal: PrivacyJournal | None = None) -> dict:
     """The JSON ledger of a run (see module docstring)."""
     record = {
         "private": not config.train.non_private,
@@ -96,6 +102,8 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "epsilon_per_step": curve,
         "stop_reason": stop_reason,
         "ledger": lens.ledger.state_dict(),
+        "lost_queries": journal.lost_queries if journal is not None else 0,
+        "lost_spends": journal.lost if journal is not None else [],
     }
     if config.train.non_private:
         record["warning"] = NOT_PRIVATE_WARNING
@@ -128,52 +136,191 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
 
 
-def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
-              log: Callable[[str], None] = print) -> RunSummary:
-    """Trains DataLens with ``config`` and writes every output into ``output_dir``."""
-    import tensorflow as tf
+def _no_hook(point: str, step: int) -> None:
+    del point, step
 
-    from dclens.train import BudgetExhausted, DataLens
 
-    started = time.perf_counter()
-    _check_output_dir(output_dir)      # before the (slow) data loading
+def _root_seed(plan, config: DataLensConfig) -> int:
+    """The run's root seed: saved (resume), else --seed, else fresh OS entropy."""
+    if plan.mode is Mode.RESUME and os.path.exists(plan.paths.seed):
+        with open(plan.paths.seed) as stream:
+            return int(json.load(stream)["root_seed"])
+    if plan.mode is Mode.RESUME and os.path.exists(plan.paths.journal):
+        raise RunDirError(f"{plan.paths.seed} is missing but {plan.paths.journal} records "
+                          "spends: the run cannot be resumed; pass --restart")
+    return config.train.seed if config.train.seed is not None else entropy_seed()
+
+
+def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int,
+                 log: Callable[[str], None]) -> None:
+    """Sets an old run aside (--restart), creates the folder, config.json and the seed."""
+    if plan.set_aside:
+        moved = set_aside(plan.paths.root)
+        log(f"--restart: the previous run was moved to {moved} (nothing deleted)")
+    os.makedirs(plan.paths.root, exist_ok=True)
     seeded = config.train.seed is not None
-    if config.train.non_private:
-        log(NOT_PRIVATE_WARNING)
-    elif seeded:
-        log("warning: " + REPRODUCIBLE_NOISE_WARNING)
-    root_seed = config.train.seed if seeded else entropy_seed()
-    dataset = load_training_data(config)
-    lens = DataLens(config, dataset, root_seed=root_seed)
-    _check_output_dir(output_dir)      # again: another run may have started meanwhile
-    os.makedirs(output_dir, exist_ok=True)
-    export.write_json(os.path.join(output_dir, "config.json"), {
+    export.write_json(plan.paths.config, {
         "config": config.to_dict(), "dataset_source": dataset.source,
         "records": len(dataset.labels), "partition_size": lens.partition_size,
         "batch": lens.batch, "steps_per_epoch": lens.steps_per_epoch,
         "seed_from_os_entropy": not seeded, "reproducible_noise": seeded,
         "private": not config.train.non_private})
+    export.write_json(plan.paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+
+
+def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
+            ) -> tuple[PrivacyJournal, list[dict], int | None, bool]:
+    """Loads the journal and the newest checkpoint into ``lens``.
+
+    Returns (journal, epsilon curve so far, the step resumed from, finished?).
+    """
+    removed = store.remove_partial()
+    if removed:
+        log(f"removed {len(removed)} incomplete checkpoint(s) left by a crash")
+    latest = store.latest()
+    if os.path.exists(plan.paths.journal):
+        journal = PrivacyJournal.load(plan.paths.journal)
+    elif latest is not None and latest.state["journal_entries"] > 0:
+        raise RunDirError(f"{plan.paths.journal} is missing but the checkpoint {latest.path} "
+                          "saw spends: the privacy ledger is lost; the run cannot be resumed "
+                          "(pass --restart, and count the old run's spends yourself)")
+    else:
+        journal = PrivacyJournal(plan.paths.journal, lens.ledger)
+    curve, entries, finished = [], 0, False
+    if latest is not None:
+        if latest.state["root_seed"] != lens.root_seed:
+            raise RunDirError(f"{latest.path} was written with another root seed than "
+                              f"{plan.paths.seed}; the run directory is damaged: --restart")
+        lens.load_state_arrays(latest.load_array, latest.array_names(), latest.step)
+        curve = list(latest.state["curve"])
+        entries = latest.state["journal_entries"]
+        finished = bool(latest.state.get("finished"))
+    lens.ledger = journal.ledger
+    lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=lens.step)
+    lost_queries = sum(spend.queries for spend in lost)
+    where = f"checkpoint {latest.path}" if latest is not None else "the start (no checkpoint)"
+    log(f"resuming at step {lens.step} from {where}; the ledger counts {journal.queries} "
+        f"queries" + (f", {lost_queries} of them from steps whose results were lost in the "
+                      "crash (still counted, see ledger.json 'lost')" if lost_queries else ""))
+    return journal, curve, lens.step, finished
+
+
+def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curve: list[dict],
+                     *, finished: bool, stop_reason: str | None, hook: FaultHook) -> None:
+    state = {"root_seed": lens.root_seed, "curve": curve,
+             "journal_entries": len(journal.entries), "ledger": lens.ledger.state_dict(),
+             "finished": finished, "stop_reason": stop_reason}
+    store.save(lens.step, lens.state_arrays(), state,
+               before_commit=lambda: hook("checkpoint_before_commit", lens.step))
+    hook("after_checkpoint", lens.step)
+
+
+def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar) -> None:
+    import tensorflow as tf
+
+    with writer.as_default(step=record.step + 1):
+        if record.epsilon is not None:
+            tf.summary.scalar("privacy/epsilon", record.epsilon)
+        tf.summary.scalar("loss/teacher", record.teacher_loss)
+        tf.summary.scalar("loss/student", record.student_loss)
+        tf.summary.scalar("votes/pass_fraction", record.pass_fraction)
+        tf.summary.scalar("time/seconds_per_step", record.seconds)
+        if (record.step + 1) % grid_every == 0:
+            tf.summary.image("samples/by_class", class_grid(
+                lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(eps=("n/a" if record.epsilon is None else f"{record.epsilon:.4f}"),
+                        d_loss=f"{record.teacher_loss:.3f}",
+                        g_loss=f"{record.student_loss:.3g}",
+                        passed=f"{record.pass_fraction:.3f}")
+
+
+def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
+    """Steps the budget allows (g_step rounds of B queries each): the progress bar's end."""
+    if config.train.non_private:
+        return total_steps
+    return min(total_steps, accounting.max_steps_within(
+        sigma=config.topagg.sigma, topk=config.topagg.topk,
+        queries_per_step=lens.batch * config.train.g_step, max_eps=config.budget.max_eps,
+        delta=config.budget.delta, conversion=config.budget.conversion,
+        orders=lens.ledger.orders))
+
+
+def _outputs_exist(output_dir: str) -> bool:
+    return all(os.path.exists(os.path.join(output_dir, name))
+               for name in ("generator.keras", "samples.npz", "samples.png"))
+
+
+def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
+              log: Callable[[str], None] = print, restart: bool = False,
+              checkpoint_every: int = 10, fault_hook: FaultHook | None = None) -> RunSummary:
+    """Trains DataLens with ``config`` into ``output_dir``, resuming the run already there.
+
+    Args:
+      config: the run's settings.
+      output_dir: the run directory (see :mod:`dclens.rundir`).  If it holds a run with the
+        same settings, training resumes from its newest checkpoint; the write-ahead journal
+        keeps every spend, including those of steps lost in a crash (:mod:`dclens.journal`).
+      restart: set an existing run aside (renamed, never deleted) and start over.
+      checkpoint_every: generator steps between checkpoints (also one at the end).
+      fault_hook: see :data:`FaultHook` (tests only).
+
+    Raises:
+      RunDirError: the directory cannot be used (nothing is changed).
+      TrainingDiverged: a loss became NaN/inf; the ledger and the last good checkpoint are
+        kept and the outputs are not written.
+    """
+    import tensorflow as tf
+
+    from dclens.train import BudgetExhausted, DataLens
+
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    hook = fault_hook or _no_hook
+    started = time.perf_counter()
+    plan_run(config, output_dir, restart=restart)        # refuse before the slow data load
+    seeded = config.train.seed is not None
+    if config.train.non_private:
+        log(NOT_PRIVATE_WARNING)
+    elif seeded:
+        log("warning: " + REPRODUCIBLE_NOISE_WARNING)
+    dataset = load_training_data(config)
+    plan = plan_run(config, output_dir, restart=restart)  # again: another run may have begun
+    root_seed = _root_seed(plan, config)
+    lens = DataLens(config, dataset, root_seed=root_seed)
+    store = CheckpointStore(plan.paths.checkpoints)
+    resumed_from, finished = None, False
+    if plan.mode is Mode.FRESH:
+        _begin_fresh(plan, config, dataset, lens, root_seed, log)
+        journal, curve = PrivacyJournal(plan.paths.journal, lens.ledger), []
+        journal.write()
+    else:
+        if not os.path.exists(plan.paths.seed):
+            export.write_json(plan.paths.seed, {"root_seed": root_seed,
+                                                "from_os_entropy": not seeded})
+        journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
+
+    def on_spend(step: int, round_index: int, queries: int) -> None:
+        journal.append(step, round_index, queries)
+        hook("after_spend", step)
+
+    lens.on_spend = on_spend
     log(f"{dataset.spec.name}: {len(dataset.labels)} records, {config.train.num_teachers} "
         f"teachers x {lens.partition_size} records, batch {lens.batch}, "
         f"{lens.batch * config.train.g_step} queries per step; output in {output_dir}")
-
-    writer = tf.summary.create_file_writer(os.path.join(output_dir, "logs"))
+    writer = tf.summary.create_file_writer(plan.paths.logs)
     total_steps = config.train.epochs * lens.steps_per_epoch
-    expected_steps = total_steps
+    expected_steps = _expected_steps(config, lens, total_steps)
     if not config.train.non_private:
-        # Steps the budget allows (g_step rounds of B queries each): the progress bar's end.
-        expected_steps = min(total_steps, accounting.max_steps_within(
-            sigma=config.topagg.sigma, topk=config.topagg.topk,
-            queries_per_step=lens.batch * config.train.g_step, max_eps=config.budget.max_eps,
-            delta=config.budget.delta, conversion=config.budget.conversion,
-            orders=lens.ledger.orders))
         log(f"the budget epsilon <= {config.budget.max_eps:g} allows {expected_steps} steps "
             f"({config.budget.conversion.value} conversion)")
     bar = _progress(expected_steps, progress)
-    curve: list[dict] = []
+    if bar is not None and lens.step:
+        bar.update(min(lens.step, expected_steps))
     stop_reason = "epochs"
-    privacy_path = os.path.join(output_dir, "privacy.json")
     grid_every = max(1, min(50, expected_steps // 10))
+    first_step = lens.step
     while lens.step < total_steps:
         try:
             record = lens.train_step()
@@ -183,36 +330,45 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         if record.queries:
             curve.append({"step": record.step + 1, "queries": lens.ledger.queries,
                           "epsilon": record.epsilon})
-        export.write_json(privacy_path, privacy_record(lens, config, curve, None, seeded))
-        with writer.as_default(step=record.step + 1):
-            if record.epsilon is not None:
-                tf.summary.scalar("privacy/epsilon", record.epsilon)
-            tf.summary.scalar("loss/teacher", record.teacher_loss)
-            tf.summary.scalar("loss/student", record.student_loss)
-            tf.summary.scalar("votes/pass_fraction", record.pass_fraction)
-            tf.summary.scalar("time/seconds_per_step", record.seconds)
-            if (record.step + 1) % grid_every == 0:
-                tf.summary.image("samples/by_class", class_grid(
-                    lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(eps=("n/a" if record.epsilon is None else f"{record.epsilon:.4f}"),
-                            d_loss=f"{record.teacher_loss:.3f}",
-                            g_loss=f"{record.student_loss:.3g}",
-                            passed=f"{record.pass_fraction:.3f}")
+        export.write_json(plan.paths.privacy,
+                          privacy_record(lens, config, curve, None, seeded, journal))
+        _log_step(writer, record, lens, config, grid_every, bar)
+        hook("after_step", lens.step)
         if not (math.isfinite(record.teacher_loss) and math.isfinite(record.student_loss)):
-            stop_reason = "non-finite loss"
-            log(f"step {record.step + 1}: a loss is not finite (teacher {record.teacher_loss}, "
-                f"student {record.student_loss}); stopping. The ledger in privacy.json counts "
-                f"every query made so far.")
-            break
+            writer.flush()
+            if bar is not None:
+                bar.close()
+            export.write_json(plan.paths.privacy, privacy_record(
+                lens, config, curve, "non-finite loss", seeded, journal))
+            latest = store.latest()
+            raise TrainingDiverged(
+                f"step {record.step + 1}: a loss is not finite (teacher "
+                f"{record.teacher_loss}, student {record.student_loss}); stopped. The ledger "
+                f"({plan.paths.journal}, {plan.paths.privacy}) counts all "
+                f"{lens.ledger.queries} queries made; the last good checkpoint is "
+                f"{latest.path if latest else 'none (the start)'}; no outputs were written. "
+                "Resuming would repeat the same steps: start a new run (--restart or a new "
+                "--checkpoint_dir) with a smaller --learning_rate.")
+        if lens.step % checkpoint_every == 0:
+            _save_checkpoint(store, lens, journal, curve, finished=False, stop_reason=None,
+                             hook=hook)
     if bar is not None:
         bar.close()
     writer.flush()
 
     epsilon = None if config.train.non_private or not lens.ledger.queries \
         else lens.ledger.epsilon().epsilon
-    export.write_json(privacy_path, privacy_record(lens, config, curve, stop_reason, seeded))
+    export.write_json(plan.paths.privacy,
+                      privacy_record(lens, config, curve, stop_reason, seeded, journal))
+    summary = RunSummary(lens.step, lens.ledger.queries, epsilon, stop_reason, output_dir,
+                         time.perf_counter() - started, resumed_from, journal.lost_queries)
+    if lens.step == first_step and finished and _outputs_exist(output_dir):
+        log(f"the run in {output_dir} is already finished (stopped by {stop_reason} at step "
+            f"{lens.step}); nothing to do. Pass --restart to train it again.")
+        return summary
+    _save_checkpoint(store, lens, journal, curve, finished=True, stop_reason=stop_reason,
+                     hook=hook)
+    hook("before_outputs", lens.step)
     lens.generator.save(os.path.join(output_dir, "generator.keras"))
     write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
                          epsilon=epsilon, batch=lens.batch, log=log)
@@ -220,8 +376,6 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         tf.summary.image("samples/by_class", class_grid(
                     lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
     writer.flush()
-    summary = RunSummary(lens.step, lens.ledger.queries, epsilon, stop_reason, output_dir,
-                         time.perf_counter() - started)
     spent = ("NOT PRIVATE (--non_private)" if epsilon is None and config.train.non_private
              else f"epsilon = {epsilon:.4f} at delta = {config.budget.delta:g} "
                   f"({config.budget.conversion.value} conversion)" if epsilon is not None

@@ -74,12 +74,19 @@ class DataLens:
       dataset: the private training data.
       root_seed: the run's root seed (``config.train.seed`` or OS entropy).
       bank_dir: where the teacher bank is memory-mapped (None = RAM).
+      on_spend: called as ``on_spend(step, round, queries)`` right after a round's queries
+        are added to ``self.ledger`` and before its noise is drawn; it must make the spend
+        durable (the run's write-ahead :class:`dclens.journal.PrivacyJournal`).  If it
+        raises, nothing is released.
     """
 
     def __init__(self, config: DataLensConfig, dataset: data.LabeledImages, *,
-                 root_seed: int, bank_dir: str | None = None):
+                 root_seed: int, bank_dir: str | None = None,
+                 on_spend: Callable[[int, int, int], None] | None = None):
         train_cfg = config.train
         self.config = config
+        self.root_seed = root_seed
+        self.on_spend = on_spend
         self.shape = image_shape_of(dataset.spec)
         if config.topagg.topk > self.shape.dim:
             raise ValueError(f"topk={config.topagg.topk} is larger than the image dimension "
@@ -188,8 +195,10 @@ class DataLens:
         images = self.generate(z, one_hot)
         vote_sum = self.vote(images, one_hot, round_index)
         if not self.config.train.non_private:
-            # Recorded before anything computed from it is released.
+            # Recorded (and journaled by on_spend) before the noise is drawn.
             self.ledger.spend(self.topagg.event(self.batch))
+            if self.on_spend is not None:
+                self.on_spend(self.step, round_index, self.batch)
         result = self.topagg.release(vote_sum, seed=self.seeds.tf_seed(
             Stream.DP_NOISE, self.step, round_index))
         target = tf.stop_gradient(
@@ -228,6 +237,56 @@ class DataLens:
                 seconds=time.perf_counter() - started)
             self.step += 1
         return record
+
+    # ------------------------------------------------------------------ state
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything a resume needs besides the step, seed and ledger, as named arrays.
+
+        Teachers' weights, Adam moments and step counts; the generator's variables (incl.
+        batch-norm statistics) and the student optimizer's variables (incl. its iteration
+        counter), in their fixed creation order.
+        """
+        arrays = {"teachers_weights": self.bank.weights, "teachers_adam_m": self.bank.adam_m,
+                  "teachers_adam_v": self.bank.adam_v, "teachers_steps": self.bank.steps}
+        for i, variable in enumerate(self.generator.weights):
+            arrays[f"generator_{i:03d}"] = variable.numpy()
+        if self.student_optimizer.built:
+            for i, variable in enumerate(self.student_optimizer.variables):
+                arrays[f"optimizer_{i:03d}"] = variable.numpy()
+        return arrays
+
+    def load_state_arrays(self, load: Callable[[str], np.ndarray], names: list[str],
+                          step: int) -> None:
+        """Restores :meth:`state_arrays` (``load(name)`` reads one) and sets the step."""
+        for name, target in (("teachers_weights", self.bank.weights),
+                             ("teachers_adam_m", self.bank.adam_m),
+                             ("teachers_adam_v", self.bank.adam_v),
+                             ("teachers_steps", self.bank.steps)):
+            array = load(name)
+            if array.shape != target.shape:
+                raise ValueError(f"checkpoint {name} has shape {array.shape}, this run needs "
+                                 f"{target.shape}")
+            target[...] = array
+        self._assign("generator", self.generator.weights, load, names)
+        optimizer_names = [n for n in names if n.startswith("optimizer_")]
+        if optimizer_names:
+            self.student_optimizer.build(self.generator.trainable_variables)
+            self._assign("optimizer", self.student_optimizer.variables, load, names)
+        self.step = step
+
+    @staticmethod
+    def _assign(prefix: str, variables, load: Callable[[str], np.ndarray],
+                names: list[str]) -> None:
+        saved = sorted(n for n in names if n.startswith(prefix + "_"))
+        if len(saved) != len(variables):
+            raise ValueError(f"checkpoint has {len(saved)} {prefix} variables, this run's "
+                             f"{prefix} has {len(variables)}")
+        for name, variable in zip(saved, variables):
+            value = load(name)
+            if tuple(value.shape) != tuple(variable.shape):
+                raise ValueError(f"checkpoint {name} has shape {value.shape}, "
+                                 f"{variable.path} needs {tuple(variable.shape)}")
+            variable.assign(value)
 
     def sample(self, num_samples: int, *, seed_path: tuple[int, ...] = (),
                batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_samples", type=int, help="synthetic samples written at the end")
     add("--max_records", type=int, help="train on the first N records only")
     add("--quiet", action="store_true", help="no progress bar")
+    add("--restart", action="store_true", help="set the run in --checkpoint_dir aside "
+        "(renamed to <dir>.old-<time>, never deleted) and start over; without it an "
+        "existing run with the same settings is resumed")
+    add("--checkpoint_every", type=int, default=10, help="generator steps between "
+        "checkpoints (one is also written at the end)")
     for name in BOOLEAN_FLAGS:
         add(f"--{name}", nargs="?", const=True, default=None, type=_parse_bool,
             metavar="BOOL")
@@ -220,26 +225,36 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
     return preset_name, config, do_train, output_dir
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
+    """Runs the command line; ``fault_hook`` is for fault-injection tests (see dclens.run)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         preset_name, config, do_train, output_dir = resolve(args)
     except (CliError, cfg.ConfigError) as error:
         parser.error(str(error))
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint_every must be >= 1, got {args.checkpoint_every}")
     from dclens import data, run
+    from dclens.checkpoint import CheckpointError
+    from dclens.journal import JournalError
 
     try:
         if do_train:
             print(f"dclens: training with preset {preset_name!r} (flags override it); "
                   f"the resolved config goes to {os.path.join(output_dir, 'config.json')}")
-            run.train_run(config, output_dir, progress=not args.quiet)
+            run.train_run(config, output_dir, progress=not args.quiet, restart=args.restart,
+                          checkpoint_every=args.checkpoint_every, fault_hook=fault_hook)
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")
             run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed)
-    except (data.DataError, run.RunDirError, ValueError) as error:
+    except (data.DataError, run.RunDirError, JournalError, CheckpointError,
+            ValueError) as error:
         print(f"main.py: error: {error}", file=sys.stderr)
         return 2
+    except run.TrainingDiverged as error:
+        print(f"main.py: training diverged: {error}", file=sys.stderr)
+        return 3
     return 0
 
 

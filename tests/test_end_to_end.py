@@ -104,11 +104,25 @@ def test_same_seed_same_samples_different_seed_differs(finished_run, tiny_fmnist
     assert not np.array_equal(np.load(tmp_path / "other" / "samples.npz")["x"], first)
 
 
-def test_refuses_directory_of_another_run(finished_run, tiny_fmnist_dir):
+def test_rerun_of_a_finished_run_does_nothing(finished_run, tiny_fmnist_dir):
+    _, summary, out = finished_run
+    before = {name: (out / name).read_bytes() for name in ("privacy.json", "ledger.json",
+                                                           "samples.npz")}
+    messages = []
+    again = run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False,
+                          log=messages.append)
+    assert again.steps == summary.steps and again.queries == summary.queries
+    assert any("already finished" in m for m in messages)
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_refuses_directory_of_a_run_with_other_settings(finished_run, tiny_fmnist_dir):
     _, _, out = finished_run
     before = (out / "privacy.json").read_text()
-    with pytest.raises(run.RunDirError, match="already holds a run"):
-        run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False, log=lambda _: None)
+    changed = tiny_config(tiny_fmnist_dir).replace(topagg={"sigma": SIGMA * 2})
+    with pytest.raises(run.RunDirError, match=r"topagg\.sigma \(privacy-relevant\): saved "
+                                              r"20\.0, now 40\.0"):
+        run.train_run(changed, str(out), progress=False, log=lambda _: None)
     assert (out / "privacy.json").read_text() == before
 
 

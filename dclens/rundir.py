@@ -1,0 +1,191 @@
+"""What a run directory (``--checkpoint_dir``) holds, and whether a new command may use it.
+
+Layout::
+
+    <run>/config.json          the resolved configuration (written first: marks a dclens run)
+    <run>/ledger.json          the write-ahead privacy journal (dclens.journal)
+    <run>/privacy.json         the privacy report, rewritten after every step
+    <run>/checkpoints/         PRIVATE: seed.json (the root seed, hence the DP noise) and
+                               ckpt-<step>/ (teachers, generator, optimizer, state)
+    <run>/logs/                TensorBoard
+    <run>/generator.keras, samples.npz, samples.png, eps-*.data-*.pkl   the outputs
+
+A command given an existing run directory resumes it, provided every setting matches the
+saved one except those in :data:`CHANGEABLE_ON_RESUME`; otherwise it is refused with the
+differing settings named.  ``--restart`` renames the old directory to
+``<run>.old-<timestamp>`` (never deletes it) and starts over.  :func:`plan_run` decides and
+changes nothing (it probes writability with an anonymous temporary file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from dclens.config import DataLensConfig
+
+# Settings that may differ between the saved run and a resuming command.
+CHANGEABLE_ON_RESUME = frozenset({"train.epochs", "train.teacher_chunk", "train.num_samples",
+                                  "budget.max_eps"})
+# Settings whose change would alter what the ledger means (named as such in refusals).
+PRIVACY_RELEVANT = frozenset({
+    "topagg.sigma", "topagg.topk", "topagg.thresh", "topagg.max_grad", "topagg.method",
+    "train.num_teachers", "train.dataset", "train.data_dir", "train.max_records",
+    "train.partition_seed", "train.balanced_partition", "train.batch_size", "train.g_step",
+    "train.non_private", "train.seed", "budget.delta", "budget.conversion",
+    "budget.max_order"})
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used for this run (nothing was changed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """The files of a run directory."""
+
+    root: str
+
+    def _join(self, *names: str) -> str:
+        return os.path.join(self.root, *names)
+
+    @property
+    def config(self) -> str:
+        return self._join("config.json")
+
+    @property
+    def journal(self) -> str:
+        return self._join("ledger.json")
+
+    @property
+    def privacy(self) -> str:
+        return self._join("privacy.json")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._join("checkpoints")
+
+    @property
+    def seed(self) -> str:
+        return self._join("checkpoints", "seed.json")
+
+    @property
+    def logs(self) -> str:
+        return self._join("logs")
+
+
+class Mode(enum.Enum):
+    FRESH = "fresh"
+    RESUME = "resume"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What :func:`plan_run` decided: start fresh (after setting an old run aside) or resume."""
+
+    mode: Mode
+    paths: RunPaths
+    set_aside: bool = False
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"epochs": 3}} -> {"train.epochs": 3}."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, saved value, new value) for every setting that differs, sorted by name."""
+    old, now = flatten(saved), flatten(new)
+    return [(name, old.get(name), now.get(name)) for name in sorted(set(old) | set(now))
+            if old.get(name) != now.get(name)]
+
+
+def _describe(differences: list[tuple[str, Any, Any]]) -> str:
+    parts = []
+    for name, old, new in differences:
+        tag = " (privacy-relevant)" if name in PRIVACY_RELEVANT else ""
+        parts.append(f"{name}{tag}: saved {old!r}, now {new!r}")
+    return "; ".join(parts)
+
+
+def _check_writable(path: str) -> None:
+    """The nearest existing ancestor must be a folder we can create files in (probed)."""
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise RunDirError(f"--checkpoint_dir {path!r} cannot be created: {ancestor!r} is a "
+                          "file, not a directory; choose another path")
+    try:   # os.access says yes to root even on read-only mounts: really try
+        with tempfile.TemporaryFile(dir=ancestor, prefix=".dclens-probe-"):
+            pass
+    except OSError as error:
+        raise RunDirError(f"--checkpoint_dir {path!r} is not writable (cannot create a file "
+                          f"in {ancestor!r}: {error.strerror}); choose a writable "
+                          "directory") from error
+
+
+def read_saved_config(paths: RunPaths) -> dict[str, Any]:
+    """The ``config`` section of a run's config.json."""
+    try:
+        with open(paths.config) as stream:
+            return json.load(stream)["config"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RunDirError(f"{paths.config} cannot be read ({error}); the run directory is "
+                          "damaged: pass --restart to set it aside and start over") from error
+
+
+def plan_run(config: DataLensConfig, output_dir: str, *, restart: bool = False) -> RunPlan:
+    """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
+
+    Raises:
+      RunDirError: the path is a file or not writable; the folder holds something that is
+        not a dclens run; or it holds a run whose settings differ (named in the message).
+    """
+    paths = RunPaths(output_dir)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirError(f"--checkpoint_dir {output_dir!r} exists and is not a directory; "
+                          "choose another path")
+    _check_writable(output_dir)
+    if not os.path.isdir(output_dir) or not os.listdir(output_dir):
+        return RunPlan(Mode.FRESH, paths)
+    if restart:
+        return RunPlan(Mode.FRESH, paths, set_aside=True)
+    if not os.path.exists(paths.config):
+        found = sorted(os.listdir(output_dir))
+        raise RunDirError(
+            f"--checkpoint_dir {output_dir!r} is not empty and is not a dclens run (it holds "
+            f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
+            "empty directory, or pass --restart to move it aside (nothing was changed)")
+    differences = [d for d in config_differences(read_saved_config(paths), config.to_dict())
+                   if d[0] not in CHANGEABLE_ON_RESUME]
+    if differences:
+        raise RunDirError(
+            f"--checkpoint_dir {output_dir!r} holds a run with other settings, so it cannot "
+            f"be resumed: {_describe(differences)}. Resume with the saved settings (see "
+            f"{paths.config}), choose a new --checkpoint_dir, or pass --restart to set the "
+            "old run aside and start over (nothing was changed)")
+    return RunPlan(Mode.RESUME, paths)
+
+
+def set_aside(output_dir: str) -> str:
+    """Renames ``output_dir`` to ``<output_dir>.old-<timestamp>[-n]``; returns the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{os.path.normpath(output_dir)}.old-{stamp}"
+    target, n = base, 1
+    while os.path.exists(target):
+        target, n = f"{base}-{n}", n + 1
+    os.rename(output_dir, target)
+    return target

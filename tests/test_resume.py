@@ -1,0 +1,239 @@
+"""Crash, resume, refuse: the run directory and its write-ahead privacy journal.
+
+A crash is simulated in-process by a fault hook that raises at a named point (the real
+SIGKILL version is tests/test_faults.py).  The uninterrupted reference run and the crashed
++ resumed runs use the same seed, so on a checkpoint boundary they must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dclens import accounting, run
+from dclens.journal import JournalError, PrivacyJournal
+from dclens.train import DataLens
+from test_end_to_end import BATCH, SIGMA, TOPK, tiny_config
+
+STEPS = 4
+
+
+class Crash(BaseException):
+    """Stands in for a SIGKILL: nothing after the raise point runs."""
+
+
+def crash_at(point: str, step: int):
+    def hook(where: str, at: int) -> None:
+        if (where, at) == (point, step):
+            raise Crash(f"{point}:{step}")
+    return hook
+
+
+def train(data_dir, out, **kwargs):
+    kwargs.setdefault("checkpoint_every", 1)
+    config = kwargs.pop("config", None) or tiny_config(data_dir, steps=STEPS)
+    return run.train_run(config, str(out), progress=False, log=lambda _: None, **kwargs)
+
+
+def curve(out):
+    return json.loads((out / "privacy.json").read_text())["epsilon_per_step"]
+
+
+def samples(out):
+    return np.load(out / "samples.npz")["x"]
+
+
+def epsilon_of(queries: int) -> float:
+    ledger = accounting.PrivacyLedger(delta=1e-5, conversion="classic")
+    ledger.spend_topagg(sigma=SIGMA, topk=TOPK, queries=queries)
+    return ledger.epsilon().epsilon
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (to show nothing changed)."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as stream:
+                found[os.path.relpath(path, folder)] = stream.read()
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_fmnist_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.steps == STEPS and summary.stop_reason == "budget"
+    return out
+
+
+def test_crash_on_a_checkpoint_boundary_resumes_bit_identically(reference, tiny_fmnist_dir,
+                                                                 tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 2))
+    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    assert not (out / "samples.npz").exists()
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == 0
+    assert curve(out) == curve(reference)
+    np.testing.assert_array_equal(samples(out), samples(reference))
+
+
+def test_crash_between_checkpoints_keeps_the_lost_spend(reference, tiny_fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    # Step index 2's queries are journaled, then the process dies before its noise is
+    # used: the checkpoint holds 2 steps, the journal 3 steps' queries.
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("after_spend", 2))
+    journal = json.loads((out / "ledger.json").read_text())
+    assert journal["queries"] == 3 * BATCH
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["lost_spends"] == [{"resumed_from_step": 2, "queries": BATCH,
+                                       "spends": [{"step": 2, "round": 0, "queries": BATCH}]}]
+    resumed, uninterrupted = curve(out), curve(reference)
+    assert resumed[:2] == uninterrupted[:2]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["epsilon"] >= want["epsilon"]
+    # After the resume every step carries one extra round of queries...
+    assert resumed[2]["queries"] == 4 * BATCH
+    assert resumed[2]["epsilon"] == pytest.approx(epsilon_of(4 * BATCH), rel=1e-12)
+    assert resumed[2]["epsilon"] > uninterrupted[2]["epsilon"]
+    # ...so the budget (4 steps' worth) stops it one step earlier, at the same epsilon.
+    assert summary.steps == 3 and summary.queries == 4 * BATCH
+    assert summary.epsilon == pytest.approx(uninterrupted[-1]["epsilon"], rel=1e-12)
+
+
+def test_crash_before_the_first_checkpoint_replays_from_the_start(reference, tiny_fmnist_dir,
+                                                                    tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, checkpoint_every=10, fault_hook=crash_at("after_step", 1))
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.resumed_from_step == 0 and summary.lost_queries == BATCH
+    assert curve(out)[0]["epsilon"] == pytest.approx(epsilon_of(2 * BATCH), rel=1e-12)
+
+
+def test_crash_inside_a_checkpoint_write_leaves_the_previous_one(reference, tiny_fmnist_dir,
+                                                                  tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("checkpoint_before_commit", 3))
+    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
+
+
+def test_crash_before_outputs_writes_them_on_resume(reference, tiny_fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("before_outputs", STEPS))
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.steps == STEPS and summary.lost_queries == 0
+    np.testing.assert_array_equal(samples(out), samples(reference))
+    assert curve(out) == curve(reference)
+
+
+PRIVACY_CHANGES = [
+    ({"topagg": {"sigma": 30.0}}, "topagg.sigma (privacy-relevant): saved 20.0, now 30.0"),
+    ({"topagg": {"topk": 40}}, "topagg.topk (privacy-relevant): saved 50, now 40"),
+    ({"topagg": {"thresh": 0.5}}, "topagg.thresh (privacy-relevant): saved 0.25, now 0.5"),
+    ({"train": {"num_teachers": 2}}, "train.num_teachers (privacy-relevant): saved 4, now 2"),
+    ({"train": {"dataset": "mnist"}},
+     "train.dataset (privacy-relevant): saved 'fashion_mnist', now 'mnist'"),
+    ({"budget": {"delta": 1e-6}}, "budget.delta (privacy-relevant): saved 1e-05, now 1e-06"),
+    ({"train": {"partition_seed": 9}},
+     "train.partition_seed (privacy-relevant): saved 0, now 9"),
+    ({"train": {"seed": 4}}, "train.seed (privacy-relevant): saved 3, now 4"),
+    ({"train": {"z_dim": 9}}, "train.z_dim: saved 8, now 9"),
+]
+
+
+@pytest.mark.parametrize("change,message", PRIVACY_CHANGES,
+                         ids=[m.split(":")[0] for _, m in PRIVACY_CHANGES])
+def test_resume_with_other_settings_is_refused(reference, tiny_fmnist_dir, change, message):
+    before = snapshot(reference)
+    config = tiny_config(tiny_fmnist_dir, steps=STEPS).replace(**change)
+    with pytest.raises(run.RunDirError) as error:
+        train(tiny_fmnist_dir, reference, config=config)
+    assert message in str(error.value)
+    assert "--restart" in str(error.value)
+    assert snapshot(reference) == before
+
+
+def test_raising_the_budget_continues_the_run(reference, tiny_fmnist_dir, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    more = tiny_config(tiny_fmnist_dir, steps=STEPS + 1)
+    summary = train(tiny_fmnist_dir, out, config=more)
+    assert summary.resumed_from_step == STEPS and summary.steps == STEPS + 1
+    assert curve(out)[:STEPS] == curve(reference)
+
+
+def test_restart_sets_the_old_run_aside(reference, tiny_fmnist_dir, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    before = snapshot(out)
+    changed = tiny_config(tiny_fmnist_dir, steps=2)
+    summary = train(tiny_fmnist_dir, out, config=changed.replace(topagg={"sigma": 30.0}),
+                    restart=True)
+    assert summary.resumed_from_step is None
+    aside = [p for p in os.listdir(tmp_path) if p.startswith("run.old-")]
+    assert len(aside) == 1
+    assert snapshot(tmp_path / aside[0]) == before
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_state(tiny_fmnist_dir, tmp_path,
+                                                              monkeypatch):
+    original = DataLens.train_step
+
+    def poisoned(self):
+        record = original(self)
+        if record.step == 2:
+            import dataclasses
+            return dataclasses.replace(record, student_loss=float("nan"))
+        return record
+
+    monkeypatch.setattr(DataLens, "train_step", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(run.TrainingDiverged) as error:
+        train(tiny_fmnist_dir, out)
+    message = str(error.value)
+    assert "step 3: a loss is not finite" in message
+    assert f"counts all {3 * BATCH} queries" in message
+    assert "ckpt-000002" in message and "no outputs were written" in message
+    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    assert not (out / "samples.npz").exists() and not (out / "generator.keras").exists()
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["stop_reason"] == "non-finite loss" and privacy["queries"] == 3 * BATCH
+    assert PrivacyJournal.load(out / "ledger.json").queries == 3 * BATCH
+
+
+def test_missing_journal_with_spends_refuses_to_resume(tiny_fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 1))
+    os.remove(out / "ledger.json")
+    with pytest.raises(run.RunDirError, match="privacy ledger is lost"):
+        train(tiny_fmnist_dir, out)
+
+
+def test_tampered_journal_refuses_to_resume(tiny_fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 1))
+    journal = json.loads((out / "ledger.json").read_text())
+    journal["entries"] = []           # forget the spends
+    (out / "ledger.json").write_text(json.dumps(journal))
+    with pytest.raises(JournalError, match="inconsistent"):
+        train(tiny_fmnist_dir, out)
