@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--restart", action="store_true", help="set the run in --checkpoint_dir aside "
         "(renamed to <dir>.old-<time>, never deleted) and start over; without it an "
         "existing run with the same settings is resumed")
+    add("--deterministic", action="store_true", help="tf.config.experimental."
+        "enable_op_determinism(): fail on any op without a deterministic kernel")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (one is also written at the end)")
     for name in BOOLEAN_FLAGS:
@@ -240,6 +242,10 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     from dclens.journal import JournalError
 
     try:
+        if args.deterministic:
+            import tensorflow as tf
+
+            tf.config.experimental.enable_op_determinism()
         if do_train:
             print(f"dclens: training with preset {preset_name!r} (flags override it); "
                   f"the resolved config goes to {os.path.join(output_dir, 'config.json')}")

@@ -285,7 +285,8 @@ def test_sampling_mode_rewrites_samples(cli_run, capsys):
     assert "sampling" in capsys.readouterr().out
 
 
-def test_training_again_into_a_finished_run_is_refused(cli_run, tiny_fmnist_dir, capsys):
+def test_training_into_a_finished_run_with_other_flags_is_refused(cli_run, tiny_fmnist_dir,
+                                                                   capsys):
     code, out = cli_run
     assert code == 0
     privacy = (out / "privacy.json").read_text()
@@ -293,7 +294,7 @@ def test_training_again_into_a_finished_run_is_refused(cli_run, tiny_fmnist_dir,
                      "--max_records", "80", "--batch_teachers", "4", "--checkpoint_dir", str(out),
                      "--quiet"])
     assert code == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "holds a run with other settings" in capsys.readouterr().err
     assert (out / "privacy.json").read_text() == privacy
 
 

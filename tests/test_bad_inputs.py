@@ -1,0 +1,237 @@
+"""The bad-input matrix: every bad input gets its exact error, and nothing is written.
+
+Each row: the flags (added to a small valid command), how the data / run directory is
+prepared, the exact last line printed on stderr (``{data}``, ``{out}`` are substituted) and
+the exit status.  After the call the run directory and the data are byte-for-byte what they
+were before (or the run directory still does not exist).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import importlib.util
+import io
+import json
+import math
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from conftest import write_idx
+
+_MAIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "main.py"
+_spec = importlib.util.spec_from_file_location("dclens_cli_bad_inputs", _MAIN)
+cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cli)
+
+VALID = ["--train", "--dataset", "fashion_mnist", "--batch_teachers", "4", "--batch_size", "5",
+         "--topk", "20", "--sigma", "20", "--thresh", "0.25", "--max_eps", "50",
+         "--z_dim", "8", "--pretrain_teacher", "1", "--num_samples", "20", "--seed", "1",
+         "--conversion", "classic", "--quiet"]
+USAGE = 2          # argparse / configuration errors
+RUN_ERROR = 2      # errors found when the data or the run directory is looked at
+DIVERGED = 3
+
+
+def make_data(root: pathlib.Path, *, images: int = 20, labels: int = 20, size: int = 28,
+              damage: str | None = None) -> pathlib.Path:
+    folder = root / "fashion_mnist"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "t10k"):
+        write_idx(folder / f"{split}-images-idx3-ubyte.gz",
+                  rng.integers(0, 255, size=(images, size, size)))
+        write_idx(folder / f"{split}-labels-idx1-ubyte.gz", np.arange(labels) % 10)
+    path = folder / "train-images-idx3-ubyte.gz"
+    if damage == "magic":
+        with gzip.open(path, "wb") as stream:
+            stream.write(b"\x01\x02\x03\x04" + bytes(100))
+    elif damage == "truncated":
+        raw = gzip.open(path).read()
+        with gzip.open(path, "wb") as stream:
+            stream.write(raw[:1000])
+    return root
+
+
+def foreign_run_dir(out: pathlib.Path) -> None:
+    out.mkdir()
+    (out / "model.ckpt-100.index").write_text("an authors' TF1 checkpoint")
+
+
+def other_run_dir(out: pathlib.Path) -> None:
+    """A dclens run directory whose run used sigma 30 and 2 teachers."""
+    _, other, _, _ = cli.resolve(cli.build_parser().parse_args(
+        [*VALID, "--sigma", "30", "--batch_teachers", "2"]))
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"config": other.to_dict()}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    name: str
+    flags: tuple[str, ...]
+    message: str
+    code: int = USAGE
+    data: dict | None = None        # make_data kwargs; None = no data directory at all
+    run_dir: object = None          # prepares the run directory
+
+
+MATRIX = [
+    Bad("topk <= 0", ("--topk", "0"), "main.py: error: topk must be an integer >= 1, got 0"),
+    Bad("topk > image dimension", ("--topk", "785"),
+        "main.py: error: topk=785 is larger than the image dimension 784 of fashion_mnist; "
+        "use topk <= 784", RUN_ERROR, data={}),
+    Bad("sigma = 0 without --non_private", ("--sigma", "0"),
+        "main.py: error: sigma must be > 0 for a private run, got 0.0; pass --non_private to "
+        "debug without noise (its output is not private)"),
+    Bad("sigma < 0", ("--sigma", "-2"),
+        "main.py: error: sigma must be a finite number >= 0, got -2.0"),
+    Bad("thresh = 1", ("--thresh", "1"), "main.py: error: thresh must be in [0, 1), got 1.0"),
+    Bad("thresh < 0", ("--thresh", "-0.5"),
+        "main.py: error: thresh must be in [0, 1), got -0.5"),
+    Bad("max_eps = 0", ("--max_eps", "0"),
+        "main.py: error: max_eps must be a finite number > 0, got 0.0"),
+    Bad("max_eps < 0", ("--max_eps", "-1"),
+        "main.py: error: max_eps must be a finite number > 0, got -1.0"),
+    Bad("delta = 0", ("--delta", "0"), "main.py: error: delta must be in (0, 1), got 0.0"),
+    Bad("delta = 1", ("--delta", "1"), "main.py: error: delta must be in (0, 1), got 1.0"),
+    Bad("more teachers than records", ("--batch_teachers", "30"),
+        "main.py: error: more teachers (30) than records (20): each partition would be empty; "
+        "use at most 20 teachers", RUN_ERROR, data={}),
+    Bad("partition smaller than 1", ("--max_records", "3"),
+        "main.py: error: more teachers (4) than records (3): each partition would be empty; "
+        "use at most 3 teachers", RUN_ERROR, data={}),
+    Bad("no teachers", ("--batch_teachers", "0"),
+        "main.py: error: --batch_teachers and --teachers_batch must be >= 1, got 0 and 1"),
+    Bad("unknown dataset", ("--dataset", "cifar10"),
+        "main.py: error: unknown dataset name 'cifar10'; valid names are: mnist, "
+        "fashion_mnist, celebA-gender-train, celebA-gender-val, celebA-gender-test, "
+        "celebA-gender-all, celebA-hair-train, celebA-hair-val, celebA-hair-test, "
+        "celebA-hair-all"),
+    Bad("corrupt IDX", (), "main.py: error: {data}/fashion_mnist/train-images-idx3-ubyte.gz "
+        "is not an IDX file: bad magic '01020304' (expected 0000 followed by type and ndim "
+        "bytes)", RUN_ERROR, data={"damage": "magic"}),
+    Bad("truncated IDX", (), "main.py: error: {data}/fashion_mnist/train-images-idx3-ubyte.gz "
+        "is truncated: header says shape (20, 28, 28) (15680 bytes) but only 984 data bytes "
+        "follow; download it again", RUN_ERROR, data={"damage": "truncated"}),
+    Bad("image/label count mismatch", (), "main.py: error: 20 images but labels have shape "
+        "(19,) ({data}/fashion_mnist/train-images-idx3-ubyte.gz + "
+        "{data}/fashion_mnist/train-labels-idx1-ubyte.gz); the files do not belong together",
+        RUN_ERROR, data={"labels": 19}),
+    Bad("wrong image size", (), "main.py: error: fashion_mnist images have shape (20, 32, 32), "
+        "expected [N, 28, 28] ({data}/fashion_mnist/train-images-idx3-ubyte.gz + "
+        "{data}/fashion_mnist/train-labels-idx1-ubyte.gz); wrong file?",
+        RUN_ERROR, data={"size": 32}),
+    Bad("checkpoint dir inside a file", ("--checkpoint_dir", "{data}/fashion_mnist/"
+                                         "train-labels-idx1-ubyte.gz/run"),
+        "main.py: error: --checkpoint_dir '{data}/fashion_mnist/train-labels-idx1-ubyte.gz/run'"
+        " cannot be created: '{data}/fashion_mnist/train-labels-idx1-ubyte.gz' is a file, not "
+        "a directory; choose another path", RUN_ERROR, data={}),
+    Bad("non-writable checkpoint dir", ("--checkpoint_dir", "/proc/dclens-run"),
+        "main.py: error: --checkpoint_dir '/proc/dclens-run' is not writable (cannot create a "
+        "file in '/proc': No such file or directory); choose a writable directory",
+        RUN_ERROR, data={}),
+    Bad("checkpoint dir of a different run", (),
+        "main.py: error: --checkpoint_dir '{out}' holds a run with other settings, so it "
+        "cannot be resumed: topagg.sigma (privacy-relevant): saved 30.0, now 20.0; "
+        "train.data_dir (privacy-relevant): saved None, now '{data}'; "
+        "train.num_teachers (privacy-relevant): saved 2, now 4. Resume with the saved "
+        "settings (see {out}/config.json), choose a new --checkpoint_dir, or pass --restart "
+        "to set the old run aside and start over (nothing was changed)",
+        RUN_ERROR, data={}, run_dir=other_run_dir),
+    Bad("checkpoint dir of something else", (),
+        "main.py: error: --checkpoint_dir '{out}' is not empty and is not a dclens run (it "
+        "holds model.ckpt-100.index); choose a new or empty directory, or pass --restart to "
+        "move it aside (nothing was changed)", RUN_ERROR, data={}, run_dir=foreign_run_dir),
+    Bad("z_dim <= 0", ("--z_dim", "0"), "main.py: error: z_dim must be an integer >= 1, got 0"),
+    Bad("learning rate = 0", ("--learning_rate", "0"),
+        "main.py: error: learning_rate must be a finite number > 0, got 0.0"),
+    Bad("learning rate < 0", ("--learning_rate", "-0.1"),
+        "main.py: error: learning_rate must be a finite number > 0, got -0.1"),
+    Bad("checkpoint interval 0", ("--checkpoint_every", "0"),
+        "main.py: error: --checkpoint_every must be >= 1, got 0"),
+    Bad("unknown flag", ("--frobnicate",), "main.py: error: unrecognized arguments: --frobnicate"),
+    Bad("authors' flag not supported yet", ("--wgan",),
+        "main.py: error: --wgan (a flag of the authors' main.py) is not implemented in dclens "
+        "yet: only the standard GAN loss is implemented"),
+    Bad("authors' flag not supported yet (--save_vote)", ("--save_vote",),
+        "main.py: error: --save_vote (a flag of the authors' main.py) is not implemented in "
+        "dclens yet: saving the votes is not implemented yet"),
+]
+
+
+def snapshot(*folders: pathlib.Path) -> dict[str, bytes]:
+    found = {}
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(root, name)
+                found[path] = pathlib.Path(path).read_bytes()
+    return found
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
+def test_the_matrix_has_at_least_20_rows():
+    assert len(MATRIX) >= 20 and len({bad.name for bad in MATRIX}) == len(MATRIX)
+
+
+@pytest.mark.parametrize("bad", MATRIX, ids=[bad.name for bad in MATRIX])
+def test_bad_input_gets_its_error_and_writes_nothing(bad, tmp_path):
+    data = (make_data(tmp_path / "data", **bad.data) if bad.data is not None
+            else tmp_path / "no-data")
+    out = tmp_path / "run"
+    if bad.run_dir is not None:
+        bad.run_dir(out)
+    names = {"data": str(data), "out": str(out)}
+    flags = [flag.format(**names) for flag in bad.flags]
+    before = snapshot(tmp_path)
+    code, err = run_cli([*VALID, "--data_dir", str(data), "--checkpoint_dir", str(out), *flags])
+    assert err.strip().splitlines()[-1] == bad.message.format(**names)
+    assert code == bad.code
+    assert snapshot(tmp_path) == before
+    if bad.run_dir is None:
+        assert not out.exists()
+
+
+def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_dir, tmp_path,
+                                                                  monkeypatch):
+    """NaN in a loss: exit 3, the message says so; ledger and last good checkpoint kept."""
+    from dclens.train import DataLens
+
+    original = DataLens.train_step
+
+    def poisoned(self):
+        record = original(self)
+        return dataclasses.replace(record, teacher_loss=math.inf) if record.step == 1 else record
+
+    monkeypatch.setattr(DataLens, "train_step", poisoned)
+    out = tmp_path / "run"
+    code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
+                         str(out), "--checkpoint_every", "1"])
+    assert code == DIVERGED
+    assert (f"main.py: training diverged: step 2: a loss is not finite (teacher inf, student "
+            in err)
+    assert f"the last good checkpoint is {out}/checkpoints/ckpt-000001" in err
+    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000001", "seed.json"]
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert ledger["queries"] == 2 * 5                     # both steps' queries are counted
+    assert not (out / "samples.npz").exists()
+    # A second run of the same command resumes from the good checkpoint (and diverges
+    # again at the same step): the ledger only grows.
+    code, _ = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
+                       str(out), "--checkpoint_every", "1"])
+    assert code == DIVERGED
+    assert json.loads((out / "ledger.json").read_text())["queries"] == 3 * 5

@@ -1,0 +1,200 @@
+"""Unit tests of the checkpoint store, the privacy journal and the run-directory rules."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dclens import accounting, rundir
+from dclens.checkpoint import CheckpointError, CheckpointStore
+from dclens.config import demo_preset
+from dclens.journal import JournalError, PrivacyJournal
+
+
+def arrays(value: float) -> dict[str, np.ndarray]:
+    return {"weights": np.full((3, 4), value, np.float32), "steps": np.arange(3),
+            "scalar": np.array(7, np.int64)}
+
+
+# ------------------------------------------------------------------ checkpoint store
+
+def test_save_then_latest_round_trips_every_array(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpts")
+    assert store.latest() is None
+    store.save(5, arrays(1.5), {"note": "x"})
+    latest = store.latest()
+    assert latest.step == 5 and latest.state["note"] == "x"
+    for name, want in arrays(1.5).items():
+        got = latest.load_array(name)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_keeps_only_the_newest(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        store.save(step, arrays(step), {})
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000002", "ckpt-000003"]
+    assert store.latest().step == 3
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(4, arrays(1.0), {"finished": False})
+    store.save(4, arrays(2.0), {"finished": True})
+    assert store.latest().state["finished"] is True
+    assert store.latest().load_array("weights")[0, 0] == 2.0
+    assert os.listdir(tmp_path) == ["ckpt-000004"]
+
+
+def test_a_crash_before_the_rename_leaves_the_previous_checkpoint(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, arrays(1.0), {})
+
+    class Killed(BaseException):
+        pass
+
+    def die():
+        raise Killed()
+
+    with pytest.raises(Killed):
+        store.save(2, arrays(2.0), {}, before_commit=die)
+    assert store.latest().step == 1
+    # What a SIGKILL leaves (the except clause cannot run): a temporary folder.
+    os.makedirs(tmp_path / ".tmp-ckpt-000002-999")
+    (tmp_path / ".tmp-ckpt-000002-999" / "weights.npy").write_bytes(b"partial")
+    assert store.latest().step == 1
+    assert store.remove_partial() == [str(tmp_path / ".tmp-ckpt-000002-999")]
+    assert os.listdir(tmp_path) == ["ckpt-000001"]
+
+
+def test_a_damaged_array_is_reported(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, arrays(1.0), {})
+    path = tmp_path / "ckpt-000001" / "weights.npy"
+    np.save(path, np.zeros((2, 2), np.float32))
+    with pytest.raises(CheckpointError, match=r"holds float32\[2, 2\], but state.json says "
+                                              r"float32\[3, 4\]"):
+        store.latest().load_array("weights")
+    path.write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(CheckpointError, match="the checkpoint is damaged"):
+        store.latest().load_array("weights")
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="keep must be an integer >= 1, got 0"):
+        CheckpointStore(tmp_path, keep=0)
+    with pytest.raises(ValueError, match="'../evil' is not a simple file name"):
+        CheckpointStore(tmp_path).save(1, {"../evil": np.zeros(1)}, {})
+
+
+# ------------------------------------------------------------------ privacy journal
+
+def new_journal(path) -> PrivacyJournal:
+    return PrivacyJournal(path, accounting.PrivacyLedger(delta=1e-5, conversion="classic"))
+
+
+def spend(journal: PrivacyJournal, step: int, queries: int = 10) -> None:
+    journal.ledger.spend_topagg(sigma=20.0, topk=50, queries=queries)
+    journal.append(step, 0, queries)
+
+
+def test_every_append_is_on_disk(tmp_path):
+    journal = new_journal(tmp_path / "ledger.json")
+    journal.write()
+    for step in range(3):
+        spend(journal, step)
+        on_disk = PrivacyJournal.load(tmp_path / "ledger.json")
+        assert on_disk.queries == 10 * (step + 1)
+        assert on_disk.ledger.epsilon().epsilon == journal.ledger.epsilon().epsilon
+
+
+def test_append_without_a_ledger_spend_is_refused(tmp_path):
+    journal = new_journal(tmp_path / "ledger.json")
+    with pytest.raises(JournalError, match="ledger counts 0 queries but the journal 10"):
+        journal.append(0, 0, 10)
+    assert not (tmp_path / "ledger.json").exists()
+
+
+def test_resume_marks_the_spends_after_the_checkpoint_lost(tmp_path):
+    journal = new_journal(tmp_path / "ledger.json")
+    for step in range(4):
+        spend(journal, step)
+    loaded = PrivacyJournal.load(tmp_path / "ledger.json")
+    lost = loaded.resume(entries_at_checkpoint=2, resumed_from_step=2)
+    assert [s.step for s in lost] == [2, 3]
+    assert loaded.queries == 40 and loaded.lost_queries == 20      # still counted
+    again = PrivacyJournal.load(tmp_path / "ledger.json")
+    assert again.lost == loaded.lost and again.queries == 40
+
+
+def test_resume_refuses_a_journal_shorter_than_the_checkpoint(tmp_path):
+    journal = new_journal(tmp_path / "ledger.json")
+    spend(journal, 0)
+    with pytest.raises(JournalError, match="saw 3 journaled spends but .* holds only 1"):
+        PrivacyJournal.load(tmp_path / "ledger.json").resume(entries_at_checkpoint=3,
+                                                             resumed_from_step=3)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda r: r.update(queries=r["queries"] + 1), "inconsistent"),
+    (lambda r: r["entries"].pop(), "inconsistent"),
+    (lambda r: r.update(version=99), "not a version-1 dclens privacy journal"),
+    (lambda r: r.pop("entries"), "malformed"),
+])
+def test_a_modified_journal_is_not_trusted(tmp_path, damage, message):
+    path = tmp_path / "ledger.json"
+    journal = new_journal(path)
+    spend(journal, 0)
+    spend(journal, 1)
+    record = json.loads(path.read_text())
+    damage(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(JournalError, match=message):
+        PrivacyJournal.load(path)
+
+
+def test_missing_or_unreadable_journal(tmp_path):
+    with pytest.raises(JournalError, match="is missing"):
+        PrivacyJournal.load(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(JournalError, match="cannot be read"):
+        PrivacyJournal.load(tmp_path / "bad.json")
+
+
+# ------------------------------------------------------------------ run-directory rules
+
+def test_config_differences_name_every_setting():
+    a = demo_preset()
+    b = a.replace(topagg={"sigma": 10.0}, train={"epochs": 3})
+    assert rundir.config_differences(a.to_dict(), b.to_dict()) == [
+        ("topagg.sigma", 50.0, 10.0), ("train.epochs", 1000, 3)]
+
+
+def test_plan_for_new_empty_and_foreign_directories(tmp_path):
+    config = demo_preset()
+    assert rundir.plan_run(config, str(tmp_path / "new")).mode is rundir.Mode.FRESH
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    assert rundir.plan_run(config, str(tmp_path / "empty")).mode is rundir.Mode.FRESH
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "model.ckpt").write_text("tf1")
+    with pytest.raises(rundir.RunDirError, match="is not empty and is not a dclens run "
+                                                 r"\(it holds model.ckpt\)"):
+        rundir.plan_run(config, str(tmp_path / "foreign"))
+    plan = rundir.plan_run(config, str(tmp_path / "foreign"), restart=True)
+    assert plan.mode is rundir.Mode.FRESH and plan.set_aside
+
+
+def test_set_aside_never_overwrites(tmp_path):
+    first, second = tmp_path / "run", tmp_path / "run2"
+    first.mkdir()
+    moved = rundir.set_aside(str(first))
+    first.mkdir()
+    (first / "x").write_text("1")
+    moved_again = rundir.set_aside(str(first))
+    assert moved != moved_again and os.path.isdir(moved) and os.path.isdir(moved_again)
+    assert not second.exists()
