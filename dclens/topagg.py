@@ -19,6 +19,10 @@ one ``dp_accounting`` event.
 
 Summing is linear, so votes can be accumulated chunk by chunk of teachers
 (:meth:`TopAgg.vote_sum`) and noised once (:meth:`TopAgg.release`).
+
+Steps 1-2 (:func:`summed_votes`) run either as the pure-TF reference below or as the
+custom op ``Dclens>TopkSignVote`` (``ops/``, loaded lazily by :mod:`dclens.vote_op`);
+both give identical vote sums.  Noise and thresholding are always TF.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import dataclasses
 import dp_accounting
 import tensorflow as tf
 
-from dclens import accounting
+from dclens import accounting, vote_op
 from dclens.config import Aggregation, TopAggConfig
+from dclens.vote_op import Backend
 
 
 def _check_grads(grads: tf.Tensor, topk: int) -> tf.Tensor:
@@ -80,7 +85,9 @@ def teacher_votes(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
     return tf.scatter_nd(where, votes, tf.shape(grads, out_type=tf.int32))
 
 
-@tf.function(reduce_retracing=True)
+# Never jit_compile=True: with the custom backend the op has no XLA kernel (the reference
+# path alone would compile, but it is kept on the same footing).
+@tf.function(reduce_retracing=True, jit_compile=False)
 def _vote_sum(grads, uniforms, topk, max_grad, method):
     indices, votes = _topk_signs(grads, uniforms, topk=topk, max_grad=max_grad, method=method)
     b, d = tf.shape(grads)[1], tf.shape(grads)[2]
@@ -91,12 +98,26 @@ def _vote_sum(grads, uniforms, topk, max_grad, method):
 
 
 def summed_votes(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
-                 max_grad: float, method: Aggregation) -> tf.Tensor:
-    """sum_i votes_i: int32 [B, D] (the fast path; equals teacher_votes(...).sum(0))."""
+                 max_grad: float, method: Aggregation,
+                 backend: Backend | str = Backend.AUTO) -> tf.Tensor:
+    """sum_i votes_i: int32 [B, D] (the fast path; equals teacher_votes(...).sum(0)).
+
+    Args:
+      backend: ``"reference"`` (pure TF), ``"custom"`` (the op ``Dclens>TopkSignVote``;
+        :class:`dclens.vote_op.VoteOpUnavailable` if it cannot be loaded) or ``"auto"``
+        (the op if it loads, else the reference with one warning; ``$DCLENS_VOTE_OP``
+        can force either, see :mod:`dclens.vote_op`).  The result is the same.
+    """
     grads = _check_grads(grads, topk)
+    if method not in (Aggregation.TOPK_STOCHASTIC_SIGN, Aggregation.TOPK_SIGN):
+        raise ValueError(f"unknown aggregation method {method!r}")
+    stochastic = method is Aggregation.TOPK_STOCHASTIC_SIGN
+    if uniforms is None and stochastic:
+        raise ValueError("the stochastic sign needs uniform draws")
+    if vote_op.resolve(backend) is Backend.CUSTOM:
+        return vote_op.topk_sign_vote(grads, uniforms if stochastic else None, topk=topk,
+                                      max_grad=max_grad, stochastic=stochastic)
     if uniforms is None:
-        if method is Aggregation.TOPK_STOCHASTIC_SIGN:
-            raise ValueError("the stochastic sign needs uniform draws")
         uniforms = tf.zeros(tf.concat([tf.shape(grads)[:2], [topk]], 0), tf.float32)
     return _vote_sum(grads, uniforms, topk, float(max_grad), method)
 
@@ -159,13 +180,18 @@ class TopAgg:
                                            seed=seed, dtype=tf.float32)
 
     def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor) -> tf.Tensor:
-        """Summed votes int32 [B, D] of a chunk of teachers' gradients [T, B, ...]."""
+        """Summed votes int32 [B, D] of a chunk of teachers' gradients [T, B, ...].
+
+        Uses the custom op when it is available (``backend="auto"``, see
+        :func:`summed_votes`).
+        """
         grads = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
         uniforms = None
         if self.config.method is Aggregation.TOPK_STOCHASTIC_SIGN:
             uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed)
         return summed_votes(grads, uniforms, topk=self.config.topk,
-                            max_grad=self.config.max_grad, method=self.config.method)
+                            max_grad=self.config.max_grad, method=self.config.method,
+                            backend=Backend.AUTO)
 
     def event(self, num_images: int) -> dp_accounting.DpEvent:
         """The DP event of one round over ``num_images`` fake images (one query each)."""
