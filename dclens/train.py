@@ -16,12 +16,21 @@ One *generator step* (the authors' inner iteration; with the paper configs one e
    student takes one Adam step on sum((G(z, y) - stop_gradient(x + lr * g_bar))^2).
 
 B = min(batch_size, partition size).  Every random draw comes from a :class:`SeedTree`.
+
+The generator does not change between steps 2 and 3, so the first round's fake batch is
+rendered before the teachers train and each chunk of teachers is queried right after its
+own training, while its weights are in memory: the teacher state is streamed once per
+generator step instead of twice (the same numbers as training all, then querying all).
+The teacher state streams through :class:`dclens.bank_stream.ChunkStream` (next chunk read
+and previous chunk written in a background thread); every phase is timed
+(:attr:`DataLens.timer`, see :mod:`dclens.profiling`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Callable
 
@@ -30,8 +39,14 @@ import numpy as np
 import tensorflow as tf
 
 from dclens import accounting, data, networks, teachers, topagg
+from dclens.bank_stream import ChunkStream
 from dclens.config import DataLensConfig
+from dclens.fast_ensemble import FastTeacherEnsemble
+from dclens.profiling import PhaseTimer
 from dclens.rng import SeedTree, Stream
+
+#: Teacher ensemble implementations (same results within float32 round-off).
+ENSEMBLES = {"fast": FastTeacherEnsemble, "reference": teachers.TeacherEnsemble}
 
 
 class BudgetExhausted(Exception):
@@ -66,6 +81,29 @@ def image_shape_of(spec: data.DatasetSpec) -> networks.ImageShape:
     return networks.ImageShape(spec.height, spec.width, spec.channels, spec.num_classes)
 
 
+def physical_memory_bytes() -> int:
+    """Total RAM of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_bank_ram_bytes() -> int:
+    """RAM a teacher bank may take by default: half of this machine's."""
+    return physical_memory_bytes() // 2
+
+
+def bank_location(config: DataLensConfig, directory: str, *,
+                  ram_budget: int | None = None) -> str | None:
+    """Where a run's teacher bank should live: None (RAM) if its weights and Adam moments
+    fit in ``ram_budget`` bytes (default :func:`default_bank_ram_bytes`), else
+    ``directory`` (disk-backed, streamed chunk by chunk; the folder is created by the
+    bank, which then keeps as many teachers in RAM as the budget allows)."""
+    spec = data.dataset_spec(config.train.dataset)
+    layout = teachers.ParamLayout.for_shape(image_shape_of(spec))
+    budget = default_bank_ram_bytes() if ram_budget is None else ram_budget
+    return None if teachers.bank_bytes(layout, config.train.num_teachers) <= budget \
+        else directory
+
+
 class DataLens:
     """The state of a DataLens run: data partitions, teacher bank, student, ledger.
 
@@ -73,7 +111,13 @@ class DataLens:
       config: the run's hyper-parameters.
       dataset: the private training data.
       root_seed: the run's root seed (``config.train.seed`` or OS entropy).
-      bank_dir: where the teacher bank is memory-mapped (None = RAM).
+      bank_dir: where the teacher bank's files live (None = RAM; see :func:`bank_location`).
+      bank_ram_bytes: with ``bank_dir``, the teachers that fit in this many bytes (default
+        :func:`default_bank_ram_bytes`) stay in RAM, the others stream from disk.
+      ensemble: ``"fast"`` (:class:`dclens.fast_ensemble.FastTeacherEnsemble`) or
+        ``"reference"`` (:class:`dclens.teachers.TeacherEnsemble`); same results.
+      overlap_io: stream teacher state in a background thread (False: in line).
+      timer: where the seconds of each phase are added (a fresh one if None).
       on_spend: called as ``on_spend(step, round, queries)`` right after a round's queries
         are added to ``self.ledger`` and before its noise is drawn; it must make the spend
         durable (the run's write-ahead :class:`dclens.journal.PrivacyJournal`).  If it
@@ -82,11 +126,19 @@ class DataLens:
 
     def __init__(self, config: DataLensConfig, dataset: data.LabeledImages, *,
                  root_seed: int, bank_dir: str | None = None,
-                 on_spend: Callable[[int, int, int], None] | None = None):
+                 bank_ram_bytes: int | None = None,
+                 on_spend: Callable[[int, int, int], None] | None = None,
+                 ensemble: str = "fast", overlap_io: bool = True,
+                 timer: PhaseTimer | None = None):
+        if ensemble not in ENSEMBLES:
+            raise ValueError(f"unknown ensemble {ensemble!r}; use one of {sorted(ENSEMBLES)}")
         train_cfg = config.train
+        self.timer = timer if timer is not None else PhaseTimer()
+        self.overlap_io = overlap_io
         self.config = config
         self.root_seed = root_seed
         self.on_spend = on_spend
+        self.noise_attempt = 0
         self.shape = image_shape_of(dataset.spec)
         if config.topagg.topk > self.shape.dim:
             raise ValueError(f"topk={config.topagg.topk} is larger than the image dimension "
@@ -108,9 +160,11 @@ class DataLens:
         layout = teachers.ParamLayout.for_shape(self.shape)
         self.bank = teachers.TeacherBank.create(
             layout, train_cfg.num_teachers, seed=self.seeds.integer(Stream.TEACHER_INIT),
-            directory=bank_dir)
-        self.ensemble = teachers.TeacherEnsemble(self.shape, learning_rate=train_cfg.learning_rate,
-                                                 beta1=train_cfg.beta1)
+            directory=bank_dir, resident_rows=(
+                default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes)
+            // teachers.bank_bytes(layout, 1))
+        self.ensemble = ENSEMBLES[ensemble](self.shape, learning_rate=train_cfg.learning_rate,
+                                            beta1=train_cfg.beta1)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT))
         self.student_optimizer = keras.optimizers.Adam(
@@ -146,69 +200,122 @@ class DataLens:
         return after.epsilon <= self.config.budget.max_eps
 
     # ------------------------------------------------------------------ teachers
-    def train_teachers(self, z: tf.Tensor) -> float:
-        """Step 2: every teacher's discriminator steps; returns the mean teacher loss."""
-        train_cfg = self.config.train
-        num_steps = (train_cfg.pretrain_teacher
-                     if self.epoch == 0 and train_cfg.pretrain_teacher > 0 else train_cfg.d_step)
+    def teacher_fakes(self, z: tf.Tensor) -> tf.Tensor:
+        """G(z_j, c) for every class c: [K, B, H, W, C] (step 1)."""
         k = self.shape.num_classes
         classes = tf.repeat(tf.range(k), self.batch)
         fakes = self.generate(tf.tile(z, [k, 1]), self.one_hot(classes))
-        fakes = tf.reshape(fakes, (k, self.batch, *fakes.shape[1:]))
+        return tf.reshape(fakes, (k, self.batch, *fakes.shape[1:]))
+
+    def query(self, z: tf.Tensor, round_index: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """A round's fake batch: (images G(z, y) [B, H, W, C], one-hot y [B, K])."""
+        labels = tf.random.stateless_uniform(
+            (self.batch,), seed=self.seeds.tf_seed(Stream.QUERY_LABELS, self.step, round_index),
+            minval=0, maxval=self.shape.num_classes, dtype=tf.int32)
+        one_hot = self.one_hot(labels)
+        return self.generate(z, one_hot), one_hot
+
+    def _stream(self, *, with_adam: bool) -> ChunkStream:
+        return ChunkStream(self.bank, self.config.train.teacher_chunk, with_adam=with_adam,
+                           timer=self.timer, overlap=self.overlap_io)
+
+    def _chunk_votes(self, weights: tf.Tensor, start: int, images: tf.Tensor,
+                     labels: tf.Tensor, round_index: int) -> tf.Tensor:
+        """Summed votes int32 [B, D] of one chunk of teachers."""
+        with self.timer.phase("image_gradients"):
+            grads = self.ensemble.image_gradients(weights, images, labels)
+        with self.timer.phase("voting"):
+            return self.topagg.vote_sum(grads, seed=self.seeds.tf_seed(
+                Stream.STOCHASTIC_SIGN, self.step, round_index, start))
+
+    def train_teachers(self, fakes: tf.Tensor,
+                       query: tuple[tf.Tensor, tf.Tensor] | None = None
+                       ) -> tuple[float, tf.Tensor | None]:
+        """Step 2, fused with round 0's votes when ``query`` (images, one-hot) is given.
+
+        Returns (mean teacher loss, summed votes of all teachers for ``query`` after their
+        training, or None).
+        """
+        train_cfg = self.config.train
+        num_steps = (train_cfg.pretrain_teacher
+                     if self.epoch == 0 and train_cfg.pretrain_teacher > 0 else train_cfg.d_step)
         slot = self.step % self.steps_per_epoch
         columns = slice(slot * self.batch, (slot + 1) * self.batch)
         position = np.arange(self.batch)
-        losses = []
-        for start, stop in self.bank.chunks(train_cfg.teacher_chunk):
-            records = self.partitions[start:stop, columns]
-            real = tf.constant(self.images[records])
-            real_labels = self.labels[records]
-            fake = tf.gather_nd(fakes, tf.stack(
-                [real_labels, np.broadcast_to(position, real_labels.shape)], axis=-1))
-            labels = self.one_hot(real_labels)
-            state, loss = self.ensemble.train(self.bank.read(start, stop), real, labels,
-                                              fake, labels, num_steps=num_steps)
-            self.bank.write(start, stop, state)
-            losses.append(loss.numpy())
-        return float(np.mean(np.concatenate(losses)))
+        losses, total = [], None
+        with self._stream(with_adam=True) as stream:
+            for chunk in stream:
+                records = self.partitions[chunk.start:chunk.stop, columns]
+                real = tf.constant(self.images[records])
+                real_labels = self.labels[records]
+                fake = tf.gather_nd(fakes, tf.stack(
+                    [real_labels, np.broadcast_to(position, real_labels.shape)], axis=-1))
+                labels = self.one_hot(real_labels)
+                with self.timer.phase("teacher_training"):
+                    state, loss = self.ensemble.train(chunk.state, real, labels, fake, labels,
+                                                      num_steps=num_steps)
+                    losses.append(loss.numpy())
+                stream.write_back(chunk, state)
+                if query is not None:
+                    votes = self._chunk_votes(state.weights, chunk.start, *query, 0)
+                    total = votes if total is None else total + votes
+        return float(np.mean(np.concatenate(losses))), total
 
     # ------------------------------------------------------------------ student
     def vote(self, images: tf.Tensor, labels: tf.Tensor, round_index: int) -> tf.Tensor:
         """Summed votes of all teachers for a fake batch (int32 [B, D])."""
         total = None
-        for start, stop in self.bank.chunks(self.config.train.teacher_chunk):
-            grads = self.ensemble.image_gradients(tf.constant(self.bank.weights[start:stop]),
-                                                  images, labels)
-            votes = self.topagg.vote_sum(grads, seed=self.seeds.tf_seed(
-                Stream.STOCHASTIC_SIGN, self.step, round_index, start))
-            total = votes if total is None else total + votes
+        with self._stream(with_adam=False) as stream:
+            for chunk in stream:
+                votes = self._chunk_votes(tf.constant(chunk.state.weights), chunk.start,
+                                          images, labels, round_index)
+                total = votes if total is None else total + votes
         return total
 
-    def student_round(self, z: tf.Tensor, round_index: int) -> tuple[float, float]:
-        """Step 3, one round: query, spend, release, update.  Returns (loss, pass fraction)."""
+    def noise_seed(self, round_index: int) -> tf.Tensor:
+        """The DP noise key of (noise_attempt, step, round).
+
+        ``noise_attempt`` is raised when a run resumes after a crash that lost spends, so
+        the redone steps draw *fresh* noise: re-using a lost round's noise on a vote sum
+        that may differ (e.g. when resumed on another machine) would release the
+        difference of the two sums without noise.
+        """
+        return self.seeds.tf_seed(Stream.DP_NOISE, self.noise_attempt, self.step, round_index)
+
+    def student_round(self, z: tf.Tensor, round_index: int,
+                      voted: tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None = None
+                      ) -> tuple[float, float]:
+        """Step 3, one round: query, spend, release, update.  Returns (loss, pass fraction).
+
+        ``voted``: (images, one-hot labels, vote sum) of this round if already computed
+        (round 0, fused with the teachers' training).
+        """
         if not self.within_budget():
             raise BudgetExhausted()
-        labels = tf.random.stateless_uniform(
-            (self.batch,), seed=self.seeds.tf_seed(Stream.QUERY_LABELS, self.step, round_index),
-            minval=0, maxval=self.shape.num_classes, dtype=tf.int32)
-        one_hot = self.one_hot(labels)
-        images = self.generate(z, one_hot)
-        vote_sum = self.vote(images, one_hot, round_index)
+        if voted is None:
+            with self.timer.phase("generator_forward"):
+                images, one_hot = self.query(z, round_index)
+            vote_sum = self.vote(images, one_hot, round_index)
+        else:
+            images, one_hot, vote_sum = voted
         if not self.config.train.non_private:
             # Recorded (and journaled by on_spend) before the noise is drawn.
             self.ledger.spend(self.topagg.event(self.batch))
             if self.on_spend is not None:
                 self.on_spend(self.step, round_index, self.batch)
-        result = self.topagg.release(vote_sum, seed=self.seeds.tf_seed(
-            Stream.DP_NOISE, self.step, round_index))
-        target = tf.stop_gradient(
-            images + self.config.train.learning_rate * tf.reshape(result.update, images.shape))
-        with tf.GradientTape() as tape:
-            current = self.generator([z, one_hot], training=True)
-            loss = tf.reduce_sum(tf.square(current - target))
-        weights = self.generator.trainable_weights
-        self.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
-        return float(loss), result.pass_fraction
+        with self.timer.phase("noise"):
+            result = self.topagg.release(vote_sum, seed=self.noise_seed(round_index))
+        with self.timer.phase("student_update"):
+            target = tf.stop_gradient(
+                images + self.config.train.learning_rate * tf.reshape(result.update,
+                                                                      images.shape))
+            with tf.GradientTape() as tape:
+                current = self.generator([z, one_hot], training=True)
+                loss = tf.reduce_sum(tf.square(current - target))
+            weights = self.generator.trainable_weights
+            self.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
+            loss = float(loss)
+        return loss, result.pass_fraction
 
     # ------------------------------------------------------------------ loop
     def train_step(self) -> StepRecord:
@@ -217,12 +324,16 @@ class DataLens:
         if not self.within_budget():
             raise BudgetExhausted()
         z = self.latent(self.step)
-        teacher_loss = self.train_teachers(z)
+        with self.timer.phase("generator_forward"):
+            fakes = self.teacher_fakes(z)
+            first_query = self.query(z, 0)
+        teacher_loss, first_votes = self.train_teachers(fakes, first_query)
         queries_before = self.ledger.queries
         student_losses, passes = [], []
         try:
             for round_index in range(self.config.train.g_step):
-                loss, passed = self.student_round(z, round_index)
+                voted = (*first_query, first_votes) if round_index == 0 else None
+                loss, passed = self.student_round(z, round_index, voted)
                 student_losses.append(loss)
                 passes.append(passed)
         finally:
@@ -257,16 +368,19 @@ class DataLens:
 
     def load_state_arrays(self, load: Callable[[str], np.ndarray], names: list[str],
                           step: int) -> None:
-        """Restores :meth:`state_arrays` (``load(name)`` reads one) and sets the step."""
-        for name, target in (("teachers_weights", self.bank.weights),
-                             ("teachers_adam_m", self.bank.adam_m),
-                             ("teachers_adam_v", self.bank.adam_v),
-                             ("teachers_steps", self.bank.steps)):
+        """Restores :meth:`state_arrays` (``load(name)`` reads one) and sets the step.
+
+        Teacher arrays are copied into the bank in slices, so ``load`` may return memory
+        maps (a disk-backed bank larger than RAM is restored without being resident).
+        """
+        for name, field in (("teachers_weights", "weights"), ("teachers_adam_m", "adam_m"),
+                            ("teachers_adam_v", "adam_v"), ("teachers_steps", "steps")):
             array = load(name)
+            target = getattr(self.bank, field)
             if array.shape != target.shape:
                 raise ValueError(f"checkpoint {name} has shape {array.shape}, this run needs "
                                  f"{target.shape}")
-            target[...] = array
+            self.bank.assign(field, array)
         self._assign("generator", self.generator.weights, load, names)
         optimizer_names = [n for n in names if n.startswith("optimizer_")]
         if optimizer_names:
