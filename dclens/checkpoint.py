@@ -34,6 +34,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or read."""
 
 
+class CheckpointSpaceError(CheckpointError):
+    """The disk has no room for the next checkpoint (nothing was written)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint on disk: its folder, step and state dict."""
@@ -123,6 +127,7 @@ class CheckpointStore:
             if not _ARRAY_NAME.match(name):
                 raise ValueError(f"array name {name!r} is not a simple file name")
         os.makedirs(self.directory, exist_ok=True)
+        self._make_room(sum(np.asarray(a).nbytes for a in arrays.values()) + (1 << 20))
         final = os.path.join(self.directory, f"ckpt-{step:06d}")
         temporary = os.path.join(self.directory, f".tmp-ckpt-{step:06d}-{os.getpid()}")
         shutil.rmtree(temporary, ignore_errors=True)
@@ -157,6 +162,23 @@ class CheckpointStore:
         for _, path in self._complete()[:-self.keep]:
             shutil.rmtree(path, ignore_errors=True)
         return Checkpoint(final, step, record)
+
+    def _make_room(self, needed: int) -> None:
+        """Removes older checkpoints early if the new one would not fit beside them.
+
+        A crash while the new one is written then leaves no checkpoint (the run restarts
+        from step 0; the journal still counts every spend).  Raises
+        :class:`CheckpointSpaceError` if even that is not enough.
+        """
+        complete = self._complete()
+        while shutil.disk_usage(self.directory).free < needed and complete:
+            shutil.rmtree(complete.pop(0)[1], ignore_errors=True)
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            raise CheckpointSpaceError(
+                f"a checkpoint needs {needed / 2**30:.1f} GiB but {self.directory} has "
+                f"{free / 2**30:.1f} GiB free; free disk space or use a --checkpoint_dir on "
+                "a larger disk")
 
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, or None."""

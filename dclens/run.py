@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from dclens import accounting, data, export
-from dclens.checkpoint import CheckpointStore
+from dclens.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.config import DataLensConfig
 from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
@@ -151,12 +151,8 @@ def _root_seed(plan, config: DataLensConfig) -> int:
     return config.train.seed if config.train.seed is not None else entropy_seed()
 
 
-def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int,
-                 log: Callable[[str], None]) -> None:
-    """Sets an old run aside (--restart), creates the folder, config.json and the seed."""
-    if plan.set_aside:
-        moved = set_aside(plan.paths.root)
-        log(f"--restart: the previous run was moved to {moved} (nothing deleted)")
+def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int) -> None:
+    """Creates the folder, config.json and the seed file of a new run."""
     os.makedirs(plan.paths.root, exist_ok=True)
     seeded = config.train.seed is not None
     export.write_json(plan.paths.config, {
@@ -191,12 +187,15 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
         if latest.state["root_seed"] != lens.root_seed:
             raise RunDirError(f"{latest.path} was written with another root seed than "
                               f"{plan.paths.seed}; the run directory is damaged: --restart")
-        lens.load_state_arrays(latest.load_array, latest.array_names(), latest.step)
+        lens.load_state_arrays(lambda name: latest.load_array(name, mmap=True),
+                               latest.array_names(), latest.step)
         curve = list(latest.state["curve"])
         entries = latest.state["journal_entries"]
         finished = bool(latest.state.get("finished"))
     lens.ledger = journal.ledger
     lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=lens.step)
+    # Every resume that lost spends draws fresh DP noise from here on (see noise_seed).
+    lens.noise_attempt = len(journal.lost)
     lost_queries = sum(spend.queries for spend in lost)
     where = f"checkpoint {latest.path}" if latest is not None else "the start (no checkpoint)"
     log(f"resuming at step {lens.step} from {where}; the ledger counts {journal.queries} "
@@ -206,12 +205,19 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
 
 
 def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curve: list[dict],
-                     *, finished: bool, stop_reason: str | None, hook: FaultHook) -> None:
+                     *, finished: bool, stop_reason: str | None, hook: FaultHook,
+                     log: Callable[[str], None]) -> None:
     state = {"root_seed": lens.root_seed, "curve": curve,
              "journal_entries": len(journal.entries), "ledger": lens.ledger.state_dict(),
              "finished": finished, "stop_reason": stop_reason}
-    store.save(lens.step, lens.state_arrays(), state,
-               before_commit=lambda: hook("checkpoint_before_commit", lens.step))
+    try:
+        store.save(lens.step, lens.state_arrays(), state,
+                   before_commit=lambda: hook("checkpoint_before_commit", lens.step))
+    except CheckpointSpaceError as error:
+        # The ledger does not depend on checkpoints: training goes on, a crash would
+        # resume from an older checkpoint (or the start) with every spend still counted.
+        log(f"warning: step {lens.step}: no checkpoint written: {error}")
+        return
     hook("after_checkpoint", lens.step)
 
 
@@ -273,7 +279,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     """
     import tensorflow as tf
 
-    from dclens.train import BudgetExhausted, DataLens
+    from dclens.train import BudgetExhausted, DataLens, bank_location
 
     if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
@@ -288,11 +294,16 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     dataset = load_training_data(config)
     plan = plan_run(config, output_dir, restart=restart)  # again: another run may have begun
     root_seed = _root_seed(plan, config)
-    lens = DataLens(config, dataset, root_seed=root_seed)
+    if plan.set_aside:      # before the bank, which may be created inside the directory
+        moved = set_aside(plan.paths.root)
+        log(f"--restart: the previous run was moved to {moved} (nothing deleted)")
+    # A bank larger than half the RAM lives on disk inside the run (streamed chunk by chunk).
+    lens = DataLens(config, dataset, root_seed=root_seed, bank_dir=bank_location(
+        config, os.path.join(plan.paths.checkpoints, "bank")))
     store = CheckpointStore(plan.paths.checkpoints)
     resumed_from, finished = None, False
     if plan.mode is Mode.FRESH:
-        _begin_fresh(plan, config, dataset, lens, root_seed, log)
+        _begin_fresh(plan, config, dataset, lens, root_seed)
         journal, curve = PrivacyJournal(plan.paths.journal, lens.ledger), []
         journal.write()
     else:
@@ -351,7 +362,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
                 "--checkpoint_dir) with a smaller --learning_rate.")
         if lens.step % checkpoint_every == 0:
             _save_checkpoint(store, lens, journal, curve, finished=False, stop_reason=None,
-                             hook=hook)
+                             hook=hook, log=log)
     if bar is not None:
         bar.close()
     writer.flush()
@@ -367,7 +378,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
             f"{lens.step}); nothing to do. Pass --restart to train it again.")
         return summary
     _save_checkpoint(store, lens, journal, curve, finished=True, stop_reason=stop_reason,
-                     hook=hook)
+                     hook=hook, log=log)
     hook("before_outputs", lens.step)
     lens.generator.save(os.path.join(output_dir, "generator.keras"))
     write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,

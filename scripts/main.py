@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     from dclens import data, run
     from dclens.checkpoint import CheckpointError
     from dclens.journal import JournalError
+    from dclens.teachers import BankSpaceError
 
     try:
         if args.deterministic:
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")
             run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed)
-    except (data.DataError, run.RunDirError, JournalError, CheckpointError,
+    except (data.DataError, run.RunDirError, JournalError, CheckpointError, BankSpaceError,
             ValueError) as error:
         print(f"main.py: error: {error}", file=sys.stderr)
         return 2

@@ -198,3 +198,30 @@ def test_set_aside_never_overwrites(tmp_path):
     moved_again = rundir.set_aside(str(first))
     assert moved != moved_again and os.path.isdir(moved) and os.path.isdir(moved_again)
     assert not second.exists()
+
+
+def test_low_disk_removes_the_old_checkpoint_first_or_refuses(tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    from dclens import checkpoint
+    from dclens.checkpoint import CheckpointSpaceError
+
+    store = CheckpointStore(tmp_path)
+    store.save(1, arrays(1.0), {})
+    usage = collections.namedtuple("usage", "total used free")
+    free = {"bytes": 10 << 30}
+
+    def fake_usage(path):
+        # Room for one checkpoint only while ckpt-000001 exists.
+        has_old = (tmp_path / "ckpt-000001").exists()
+        return usage(0, 0, free["bytes"] if not has_old else 1 << 10)
+
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", fake_usage)
+    store.save(2, arrays(2.0), {})
+    assert os.listdir(tmp_path) == ["ckpt-000002"]
+    free["bytes"] = 1 << 10
+    shutil.rmtree(tmp_path / "ckpt-000002")
+    with pytest.raises(CheckpointSpaceError, match="GiB free; free disk space"):
+        store.save(3, arrays(3.0), {})
+    assert os.listdir(tmp_path) == []

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import random
 import signal
+import time
 
 import pytest
 
@@ -21,10 +23,16 @@ _spec.loader.exec_module(faults)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_fmnist_dir, tmp_path_factory):
+def reference_run(tiny_fmnist_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("faults") / "reference")
+    started = time.perf_counter()
     assert faults.run_child(faults.main_argv(str(tiny_fmnist_dir), out)) == 0
-    return faults.outcome(out)
+    return faults.outcome(out), time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[0]
 
 
 @pytest.mark.parametrize("kill_at,lost", [("after_spend:2", faults.BATCH),
@@ -45,6 +53,17 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference, tiny_fmnis
     assert faults.compare(reference, resumed) == []
     if lost == 0:
         assert resumed["samples_sha256"] == reference["samples_sha256"]
+
+
+def test_sigkill_at_a_random_point(reference_run, tiny_fmnist_dir, tmp_path):
+    """One trial of scripts/faults.py: a random kill point (or time), printed for replay."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"faults trial seed {seed}")
+    reference, seconds = reference_run
+    record = faults.trial(random.Random(seed), str(tmp_path), str(tiny_fmnist_dir), reference,
+                          seconds, 0)
+    assert record["resume_exit"] == 0, record
+    assert record["failures"] == [], (seed, record)
 
 
 def test_compare_catches_a_smaller_epsilon(reference):

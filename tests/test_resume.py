@@ -237,3 +237,26 @@ def test_tampered_journal_refuses_to_resume(tiny_fmnist_dir, tmp_path):
     (out / "ledger.json").write_text(json.dumps(journal))
     with pytest.raises(JournalError, match="inconsistent"):
         train(tiny_fmnist_dir, out)
+
+
+def test_redone_steps_draw_fresh_noise(tiny_fmnist_dir, tmp_path, monkeypatch):
+    """A step whose noisy release was lost is redone with new noise, never the same draw."""
+    drawn = []
+    original = DataLens.noise_seed
+
+    def recording(self, round_index):
+        seed = original(self, round_index)
+        drawn.append((self.noise_attempt, self.step, tuple(seed.numpy().tolist())))
+        return seed
+
+    monkeypatch.setattr(DataLens, "noise_seed", recording)
+    out = tmp_path / "run"
+    with pytest.raises(Crash):     # checkpoint after step 2; step index 2 released, then lost
+        train(tiny_fmnist_dir, out, checkpoint_every=2, fault_hook=crash_at("after_step", 3))
+    first = {step: seed for attempt, step, seed in drawn}
+    assert [a for a, _, _ in drawn] == [0, 0, 0]
+    drawn.clear()
+    summary = train(tiny_fmnist_dir, out, checkpoint_every=2)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
+    assert drawn[0][:2] == (1, 2)
+    assert drawn[0][2] != first[2]
