@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Reproduce a row of the DataLens paper's Table 1: train -> samples -> evaluate -> report.
+
+    python scripts/reproduce.py fashion_mnist --eps 1                # the paper config
+    python scripts/reproduce.py fashion_mnist --eps 10 --teachers 200  # scaled: NOT the paper's
+    python scripts/reproduce.py fashion_mnist --eps 1 --scale 0.05 --non_private  # eps=inf row
+    python scripts/reproduce.py fashion_mnist --eps 1 --skip_train   # evaluate the run again
+
+Writes report.md, report.json, evaluation.png, epsilon.png and samples.png into --out
+(default results/<name>); the training run (samples.npz, generator, the authors' pickles)
+goes to --run_dir (default runs/reproduce/<name>). A scaled run (--scale/--teachers, or any
+other deviation) is marked "NOT the paper config" in the report, with every deviation listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import shlex
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+
+def _evaluate_cli():
+    """scripts/evaluate.py, loaded by path (its evaluation flags are shared)."""
+    path = pathlib.Path(__file__).resolve().parent / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("dclens_scripts_evaluate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_EVAL_CLI = _evaluate_cli()
+add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reproduce.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1],
+        allow_abbrev=False)
+    add = parser.add_argument
+    add("dataset", choices=("mnist", "fashion_mnist", "celebA-gender"),
+        help="the Table 1 row's dataset")
+    add("--eps", type=int, choices=(1, 10), required=True, help="the row's epsilon budget")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--scale", type=float, help="fraction of the paper's teachers (quick, "
+                       "NOT the paper config)")
+    scale.add_argument("--teachers", type=int, help="number of teachers (NOT the paper "
+                       "config unless it equals the paper's)")
+    add("--non_private", action="store_true", help="no noise, no budget, as many steps as the "
+        "private config allows: the eps=inf reference row (NOT private)")
+    add("--train_epochs", type=int, help="cap DataLens training at N epochs (NOT the paper "
+        "config)")
+    add("--num_samples", type=int, help="synthetic samples (paper: 100000)")
+    add("--max_records", type=int, help="train DataLens on the first N records only")
+    add("--seed", type=int, help="fix every random draw of training (DP noise included: the "
+        "outputs must not be published as private); default OS entropy")
+    add("--data_dir", help="data root (default: the dataset's default location)")
+    add("--teacher_chunk", type=int, help="teachers processed together (memory only)")
+    add("--out", help="report directory (default results/<name>)")
+    add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
+    add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
+        "again instead of training")
+    add("--no_reference", action="store_true", help="skip the real-data reference row")
+    add("--note", help="free text for the report (e.g. why the run is scaled down)")
+    add("--rerender", action="store_true", help="only rewrite report.md and evaluation.png "
+        "from the report.json in --out (no training, no evaluation)")
+    add("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    add_eval_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from dclens import classifiers, config, data, evaluate, reproduce, run
+
+    command = shlex.join(["python", "scripts/reproduce.py",
+                          *(sys.argv[1:] if argv is None else argv)])
+    try:
+        options = reproduce.ReproduceOptions(
+            dataset=args.dataset, eps=args.eps, scale=args.scale, teachers=args.teachers,
+            non_private=args.non_private, epochs=args.train_epochs,
+            num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
+            data_dir=args.data_dir, teacher_chunk=args.teacher_chunk)
+        settings = settings_from_args(args, args.dataset)
+    except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
+            config.ConfigError) as error:
+        parser.error(str(error))
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    try:
+        if args.rerender:
+            reproduce.rerender(args.out or os.path.join("results", options.default_name()),
+                               note=args.note, log=log)
+            return 0
+        report = reproduce.reproduce(
+            options, out_dir=args.out, run_dir=args.run_dir, settings=settings,
+            skip_train=args.skip_train, reference=not args.no_reference,
+            cache_dir=args.cache_dir, command=command, note=args.note or "",
+            progress=not args.quiet, log=log)
+    except (reproduce.ReproduceError, evaluate.EvaluationError, data.DataError,
+            run.RunDirError, ValueError) as error:
+        print(f"reproduce.py: error: {error}", file=sys.stderr)
+        return 2
+    acc = report["accuracy"]
+    banner = "paper config" if report["paper_config"] else "NOT the paper config"
+    print(f"{report['name']} ({banner}): val {acc['val']:.4f} | sen {acc['sen']:.4f} | paper "
+          f"{acc['paper']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

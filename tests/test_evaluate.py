@@ -1,0 +1,239 @@
+"""Downstream evaluation: protocols, inputs, domain-classifier IS/FID (dclens.evaluate)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dclens import classifiers, data, evaluate, export, quality
+
+REAL_FMNIST = Path(data.DEFAULT_FASHION_MNIST_DIR)
+needs_fmnist = pytest.mark.skipif(
+    not (REAL_FMNIST / "t10k-images-idx3-ubyte.gz").exists(),
+    reason=f"{REAL_FMNIST} absent (apt-get install dataset-fashion-mnist)")
+
+# Short schedules on subsets keep the file fast on 2 cores.
+SHORT = classifiers.Schedule(optimizer="adam", learning_rate=2e-3, batch_size=64, epochs=6)
+DOMAIN = quality.DomainSettings(schedule=classifiers.Schedule(batch_size=128, epochs=3),
+                                train_limit=5000)
+SPEC = data.dataset_spec("fashion_mnist")
+
+
+@pytest.fixture(scope="module")
+def real():
+    train = data.load_dataset("fashion_mnist", split="train", limit=6000)
+    test = data.load_dataset("fashion_mnist", split="test", limit=1000)
+    return train, test
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def noise_images(count: int, seed: int = 0) -> data.LabeledImages:
+    rng = np.random.default_rng(seed)
+    return data.LabeledImages(rng.random((count, 28, 28, 1), dtype=np.float32),
+                              rng.integers(0, 10, count).astype(np.int64), SPEC, "noise")
+
+
+# ------------------------------------------------------------ accuracy of real data and noise
+
+@needs_fmnist
+def test_real_images_give_high_accuracy_noise_gives_chance(real, cache_dir, tmp_path):
+    train, test = real
+    settings = evaluate.EvalSettings(schedule=SHORT, quality=False)
+    record = evaluate.evaluate(train, test, settings, log=lambda _: None)
+    assert record["protocols"]["val"]["accuracy"] > 0.85
+    assert record["protocols"]["sen"]["accuracy"] >= record["protocols"]["val"]["accuracy"]
+    assert record["headline"] == "val"
+    assert len(record["curves"]["test_accuracy"]) == SHORT.epochs
+    assert record["split"]["train"] + record["split"]["val"] == len(train)
+
+    noise = evaluate.evaluate(noise_images(1000), test, settings.replace(
+        schedule=classifiers.Schedule(batch_size=64, epochs=2)), log=lambda _: None)
+    assert noise["protocols"]["val"]["accuracy"] < 0.2
+
+    paths = evaluate.write_outputs(record, tmp_path / "out")
+    saved = json.loads(Path(paths["json"]).read_text())
+    assert saved["protocols"]["val"]["accuracy"] == record["protocols"]["val"]["accuracy"]
+    assert Path(paths["png"]).stat().st_size > 1000
+
+
+# ------------------------------------------------------------ the val protocol by construction
+
+def test_select_by_validation_sees_only_the_validation_curve():
+    assert list(inspect.signature(evaluate.select_by_validation).parameters) == ["val_accuracy"]
+    assert evaluate.select_by_validation([0.2, 0.5, 0.4, 0.5]) == 1      # earliest of ties
+    assert evaluate.select_by_test([0.2, 0.3, 0.9]) == 2
+    with pytest.raises(evaluate.EvaluationError, match="no finite validation"):
+        evaluate.select_by_validation([])
+
+
+@needs_fmnist
+def test_corrupting_test_labels_does_not_change_the_chosen_epoch(real):
+    train, test = real
+    settings = evaluate.EvalSettings(schedule=classifiers.Schedule(batch_size=64, epochs=3),
+                                     quality=False, max_samples=1500)
+    first = evaluate.evaluate(train, test, settings, log=lambda _: None)
+    shuffled = np.random.default_rng(5).permutation(test.labels)
+    corrupted = data.LabeledImages(test.images, shuffled, test.spec, "corrupted test labels")
+    second = evaluate.evaluate(train, corrupted, settings, log=lambda _: None)
+    assert second["curves"]["test_accuracy"] != first["curves"]["test_accuracy"]
+    np.testing.assert_allclose(second["curves"]["val_accuracy"],
+                               first["curves"]["val_accuracy"], atol=1e-3)
+    assert second["protocols"]["val"]["epoch"] == first["protocols"]["val"]["epoch"]
+
+
+def test_validation_split_is_stratified_disjoint_and_seeded():
+    labels = np.repeat(np.arange(10), [50, 50, 50, 50, 50, 50, 50, 50, 50, 1])
+    train, val = evaluate.split_validation(labels, 0.1, seed=3, num_classes=10)
+    assert len(np.intersect1d(train, val)) == 0
+    assert len(train) + len(val) == len(labels)
+    assert np.bincount(labels[val], minlength=10).tolist() == [5] * 9 + [0]   # singleton stays
+    again = evaluate.split_validation(labels, 0.1, seed=3, num_classes=10)
+    np.testing.assert_array_equal(again[1], val)
+    other = evaluate.split_validation(labels, 0.1, seed=4, num_classes=10)
+    assert not np.array_equal(other[1], val)
+
+
+# ------------------------------------------------------------ inputs
+
+def test_authors_pickles_round_trip_with_our_writer(tmp_path):
+    rng = np.random.default_rng(1)
+    images = rng.random((53, 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, 53)
+    paths = export.write_authors_pickles(tmp_path, images, labels, num_classes=10,
+                                         epsilon=1.0)
+    prefix = str(tmp_path / "eps-1.00.data")
+    for given in (prefix, paths[0], paths[3], str(tmp_path)):
+        loaded, kind = evaluate.load_synthetic(given, "fashion_mnist")
+        assert kind == "authors_pickles"
+        np.testing.assert_array_equal(loaded.images, images)
+        np.testing.assert_array_equal(loaded.labels, labels)
+
+
+def test_npz_inputs_ours_and_generic(tmp_path):
+    rng = np.random.default_rng(2)
+    images = rng.random((20, 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, 20)
+    export.write_samples_npz(tmp_path / "samples.npz", images, labels)
+    for given in (tmp_path / "samples.npz", tmp_path):
+        loaded, kind = evaluate.load_synthetic(given, "fashion_mnist")
+        assert kind == "npz"
+        np.testing.assert_array_equal(loaded.images, images)
+    # uint8 [N, 28, 28] images with one-hot labels under other key names.
+    raw = (images[..., 0] * 255).astype(np.uint8)
+    np.savez(tmp_path / "other.npz", images=raw, labels=np.eye(10)[labels])
+    loaded, _ = evaluate.load_synthetic(tmp_path / "other.npz", "fashion_mnist")
+    np.testing.assert_allclose(loaded.images[..., 0], raw / 255.0, atol=1e-6)
+    np.testing.assert_array_equal(loaded.labels, labels)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.npz", ["missing.npz", "not found"]),
+    (lambda d: str(d / "eps-1.00.data"), ["eps-1.00.data-0.pkl", "prefix"]),
+    (lambda d: np.savez(d / "s.npz", x=np.zeros((4, 32, 32, 3), np.float32),
+                        y=np.zeros(4, np.int64)) or d / "s.npz",
+     ["(4, 32, 32, 3)", "28x28x1", "--dataset"]),
+    (lambda d: np.savez(d / "e.npz", x=np.zeros((0, 28, 28, 1), np.float32),
+                        y=np.zeros(0, np.int64)) or d / "e.npz", ["no samples"]),
+    (lambda d: np.savez(d / "k.npz", a=np.zeros(3)) or d / "k.npz", ["['a']", "x/y"]),
+    (lambda d: np.savez(d / "r.npz", x=np.full((2, 28, 28, 1), 2.0, np.float32),
+                        y=np.zeros(2, np.int64)) or d / "r.npz", ["[0, 1]"]),
+])
+def test_bad_inputs_fail_clearly(tmp_path, make, message):
+    with pytest.raises((evaluate.EvaluationError, data.DataError)) as info:
+        evaluate.load_synthetic(make(tmp_path), "fashion_mnist")
+    for part in message:
+        assert part in str(info.value)
+
+
+def test_pickle_with_wrong_columns_names_the_file(tmp_path):
+    path = tmp_path / "eps-1.00.data-0.pkl"
+    path.write_bytes(pickle.dumps(np.zeros((3, 100), np.float32)))
+    with pytest.raises(evaluate.EvaluationError, match="100 columns, expected 784 pixels"):
+        evaluate.load_synthetic(str(tmp_path / "eps-1.00.data"), "fashion_mnist")
+
+
+def test_missing_class_warns(tiny_fmnist_dir):
+    test = data.load_dataset("fashion_mnist", tiny_fmnist_dir, split="test")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 9, 60)        # class 9 (Ankle boot) never appears
+    synthetic = data.LabeledImages(rng.random((60, 28, 28, 1), dtype=np.float32), labels,
+                                   SPEC, "nine classes")
+    messages = []
+    record = evaluate.evaluate(synthetic, test, evaluate.EvalSettings(
+        schedule=classifiers.Schedule(epochs=1, batch_size=16), quality=False),
+        log=messages.append)
+    assert any("Ankle boot" in w for w in record["warnings"])
+    assert any("warning" in m and "Ankle boot" in m for m in messages)
+
+
+def test_settings_are_validated_with_the_bad_value():
+    with pytest.raises(evaluate.EvaluationError, match="got 0.9"):
+        evaluate.EvalSettings(val_fraction=0.9)
+    with pytest.raises(classifiers.ScheduleError, match="'rmsprop'"):
+        classifiers.Schedule(optimizer="rmsprop")
+    with pytest.raises(classifiers.ScheduleError, match="epochs.*got 0"):
+        classifiers.Schedule(epochs=0)
+    official = evaluate.official_settings("fashion_mnist")
+    assert official.schedule == classifiers.Schedule("sgd", 2e-3, 512, 600)
+    assert official.sen_on_all_data
+    assert evaluate.official_settings("celebA-gender").schedule.epochs == 250
+
+
+def test_same_seed_builds_the_same_classifier():
+    a = classifiers.build_classifier((28, 28, 1), 10, seed=7)
+    b = classifiers.build_classifier((28, 28, 1), 10, seed=7)
+    c = classifiers.build_classifier((28, 28, 1), 10, seed=8)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+    assert not np.array_equal(a.get_weights()[0], c.get_weights()[0])
+
+
+# ------------------------------------------------------------ IS / FID
+
+def test_scores_on_known_inputs():
+    uniform = np.full((100, 10), 0.1)
+    assert quality.inception_score(uniform)[0] == pytest.approx(1.0)
+    confident = np.eye(10)[np.arange(100) % 10]
+    assert quality.inception_score(confident, splits=1)[0] == pytest.approx(10.0, rel=1e-6)
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(2000, 8))
+    assert quality.fid_from_features(features, features) == pytest.approx(0.0, abs=1e-6)
+    shifted = features + 3.0     # mean shift only: FID = ||3 * ones||^2 = 72
+    assert quality.fid_from_features(features, shifted) == pytest.approx(72.0, rel=1e-6)
+
+
+@needs_fmnist
+def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
+    train, test = real
+    messages = []
+    domain = quality.domain_classifier("fashion_mnist", settings=DOMAIN, cache_dir=cache_dir,
+                                       log=messages.append)
+    assert domain.info["cache"] == "miss"
+    noise = noise_images(1000).images
+    real_record = quality.quality_record(domain, train.images[:1000], test.images)
+    noise_record = quality.quality_record(domain, noise, test.images)
+    assert real_record["inception_score"] > 2 * noise_record["inception_score"]
+    assert real_record["fid"] * 10 < noise_record["fid"]
+    assert "domain-classifier" in real_record["note"]
+
+    cached = quality.domain_classifier("fashion_mnist", settings=DOMAIN, cache_dir=cache_dir,
+                                       log=messages.append)
+    assert cached.info["cache"] == "hit"
+    np.testing.assert_allclose(cached.probabilities(test.images[:50]),
+                               domain.probabilities(test.images[:50]), atol=1e-6)
+    files = os.listdir(cache_dir)
+    assert any(f.startswith("domain-classifier-fashion_mnist-") and f.endswith(".keras")
+               for f in files)
+    assert not [f for f in files if f.startswith(".tmp-")]
+    other = quality.DomainSettings(schedule=DOMAIN.schedule, train_limit=4000)
+    assert other.key("fashion_mnist", None) != DOMAIN.key("fashion_mnist", None)

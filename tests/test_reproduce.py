@@ -1,0 +1,143 @@
+"""scripts/reproduce.py and scripts/evaluate.py end to end on tiny data; config scaling."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from dclens import accounting, reproduce
+from dclens import config as cfg
+
+_SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"dclens_cli_{name}", _SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reproduce_cli = _load("reproduce")
+evaluate_cli = _load("evaluate")
+
+TINY_EVAL = ["--epochs", "2", "--batch_size", "16", "--quality_samples", "40",
+             "--val_fraction", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_fmnist_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reproduce")
+    argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
+            "--num_samples", "60", "--train_epochs", "1", "--seed", "3",
+            "--teacher_chunk", "4", "--data_dir", str(tiny_fmnist_dir),
+            "--out", str(root / "report"), "--run_dir", str(root / "run"),
+            "--cache_dir", str(root / "cache"), "--quiet", *TINY_EVAL]
+    assert reproduce_cli.main(argv) == 0
+    return root, argv
+
+
+def test_reproduce_writes_a_report_that_says_it_is_scaled(tiny_report):
+    root, _ = tiny_report
+    out = root / "report"
+    for name in ("report.md", "report.json", "evaluation.png", "epsilon.png", "samples.png"):
+        assert (out / name).stat().st_size > 0, name
+    report = json.loads((out / "report.json").read_text())
+    assert report["paper_config"] is False
+    assert any("4 teachers instead of the paper's 4000" in d for d in report["deviations"])
+    assert report["accuracy"]["paper"] == 0.6478
+    assert 0.0 <= report["accuracy"]["val"] <= 1.0 and 0.0 <= report["accuracy"]["sen"] <= 1.0
+    assert report["privacy"]["steps"] == 1 and report["privacy"]["stop_reason"] == "epochs"
+    assert report["privacy"]["epsilon"]["epsilon"] <= 1.0
+    assert report["batch"] == 15                       # the paper run's effective batch
+    assert report["provenance"]["command"].startswith("python scripts/reproduce.py "
+                                                      "fashion_mnist --eps 1")
+    assert report["provenance"]["machine"]["cpu_count"] >= 1
+    assert report["real_reference"]["samples"] == 120
+    assert report["quality"]["fid"] >= 0
+    markdown = (out / "report.md").read_text()
+    assert "NOT the paper config" in markdown
+    assert "0.6478" in markdown and "domain-classifier" in markdown
+    assert "fixed --seed" in markdown
+    # Small files only next to the report; the big run outputs are in the run dir.
+    assert not list(out.glob("*.npz")) and not list(out.glob("*.pkl"))
+    assert (root / "run" / "samples.npz").exists()
+
+
+def test_skip_train_evaluates_again_and_refuses_an_existing_run(tiny_report, capsys):
+    root, argv = tiny_report
+    assert reproduce_cli.main(argv) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+    out2 = root / "report2"
+    argv2 = [a if a != str(root / "report") else str(out2) for a in argv]
+    assert reproduce_cli.main(argv2 + ["--skip_train", "--no_reference", "--no_quality"]) == 0
+    report = json.loads((out2 / "report.json").read_text())
+    assert report["seconds"]["train"] is None
+    assert report["real_reference"] is None and report["quality"] is None
+
+
+def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_path):
+    root, _ = tiny_report
+    prefix = str(next((root / "run").glob("eps-*.data-0.pkl")))[:-len("-0.pkl")]
+    code = evaluate_cli.main([prefix, "--out", str(tmp_path),
+                              "--no_quality", *TINY_EVAL])
+    assert code == 0
+    record = json.loads((tmp_path / "evaluation.json").read_text())
+    assert record["input"]["kind"] == "authors_pickles" and record["input"]["samples"] == 60
+    assert record["test"]["samples"] == 40           # the tiny test split of the run's data
+    assert set(record["protocols"]) == {"val", "sen"}
+    assert (tmp_path / "evaluation.png").exists()
+
+
+def test_evaluate_cli_errors(tmp_path, capsys):
+    assert evaluate_cli.main([str(tmp_path / "nope.npz")]) == 2
+    assert "nope.npz not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate_cli.main([])
+
+
+def test_build_config_paper_and_scaled():
+    config, deviations = reproduce.build_config(reproduce.ReproduceOptions("fashion_mnist", 10))
+    assert deviations == [] and config == cfg.paper_preset("fashion_mnist", 10)
+    scaled, deviations = reproduce.build_config(
+        reproduce.ReproduceOptions("fashion_mnist", 1, scale=0.05))
+    assert scaled.train.num_teachers == 200 and scaled.train.batch_size == 15
+    assert scaled.topagg == cfg.paper_preset("fashion_mnist", 1).topagg
+    assert deviations and reproduce.ReproduceOptions(
+        "fashion_mnist", 1, scale=0.05).default_name() == "fashion_mnist-eps1-t200"
+    free, deviations = reproduce.build_config(
+        reproduce.ReproduceOptions("fashion_mnist", 1, teachers=200, non_private=True))
+    assert free.train.non_private and free.topagg.sigma == 0.0
+    steps = accounting.max_steps_within(sigma=5000.0, topk=200, queries_per_step=15,
+                                        max_eps=1.0, delta=1e-5, conversion="classic")
+    steps_per_epoch = (60_000 // 200) // 15
+    assert (free.train.epochs - 1) * steps_per_epoch < steps <= free.train.epochs * steps_per_epoch
+    assert any("NON-PRIVATE" in d for d in deviations)
+    with pytest.raises(reproduce.ReproduceError, match="celebA-hair"):
+        reproduce.ReproduceOptions("celebA-hair", 1)
+    with pytest.raises(reproduce.ReproduceError, match="scale must be in"):
+        reproduce.ReproduceOptions("fashion_mnist", 1, scale=2.0)
+
+
+def test_rerender_rewrites_the_markdown_from_the_json(tiny_report):
+    root, _ = tiny_report
+    out = root / "report"
+    (out / "report.md").write_text("stale")
+    assert reproduce_cli.main(["fashion_mnist", "--eps", "1", "--rerender", "--out",
+                               str(out), "--quiet"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "NOT the paper config" in markdown and "## Scale" in markdown
+
+
+def test_official_flag_gives_the_authors_schedule_and_flags_override_it():
+    parser = evaluate_cli.build_parser()
+    settings = evaluate_cli.settings_from_args(
+        parser.parse_args(["x.npz", "--official", "--epochs", "5"]), "fashion_mnist")
+    assert (settings.schedule.optimizer, settings.schedule.learning_rate,
+            settings.schedule.batch_size, settings.schedule.epochs) == ("sgd", 2e-3, 512, 5)
+    assert settings.official and settings.sen_on_all_data
+    default = evaluate_cli.settings_from_args(parser.parse_args(["x.npz"]), "fashion_mnist")
+    assert default.schedule.optimizer == "adam" and not default.sen_on_all_data
