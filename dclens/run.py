@@ -180,6 +180,13 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
         raise RunDirError(f"{plan.paths.journal} is missing but the checkpoint {latest.path} "
                           "saw spends: the privacy ledger is lost; the run cannot be resumed "
                           "(pass --restart, and count the old run's spends yourself)")
+    elif os.path.exists(plan.paths.privacy):
+        # Runs write ledger.json before their first step; privacy.json without it is a run
+        # of an older dclens (or a damaged one) whose spends the journal would not know.
+        raise RunDirError(f"{plan.paths.privacy} exists but {plan.paths.journal} does not: "
+                          "this run was written by an older dclens without a privacy journal "
+                          "(or damaged), so it cannot be resumed with a complete ledger; pass "
+                          "--restart to set it aside and start over")
     else:
         journal = PrivacyJournal(plan.paths.journal, lens.ledger)
     curve, entries, finished = [], 0, False
@@ -307,10 +314,10 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         journal, curve = PrivacyJournal(plan.paths.journal, lens.ledger), []
         journal.write()
     else:
+        journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
         if not os.path.exists(plan.paths.seed):
             export.write_json(plan.paths.seed, {"root_seed": root_seed,
                                                 "from_os_entropy": not seeded})
-        journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
 
     def on_spend(step: int, round_index: int, queries: int) -> None:
         journal.append(step, round_index, queries)

@@ -260,3 +260,18 @@ def test_redone_steps_draw_fresh_noise(tiny_fmnist_dir, tmp_path, monkeypatch):
     assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
     assert drawn[0][:2] == (1, 2)
     assert drawn[0][2] != first[2]
+
+
+def test_a_run_without_journal_but_with_spends_is_not_resumed(reference, tiny_fmnist_dir,
+                                                             tmp_path):
+    """A run directory of an older dclens (privacy.json, no ledger.json) is refused."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    os.remove(out / "ledger.json")
+    shutil.rmtree(out / "checkpoints")
+    before = snapshot(out)
+    with pytest.raises(run.RunDirError, match="older dclens without a privacy journal"):
+        train(tiny_fmnist_dir, out)
+    assert snapshot(out) == before
