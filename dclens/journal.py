@@ -75,12 +75,12 @@ class PrivacyJournal:
 
     def append(self, step: int, round_index: int, queries: int) -> None:
         """Journals a spend that is already in ``self.ledger``; durable when this returns."""
-        self.entries.append(Spend(step, round_index, queries))
-        if sum(e.queries for e in self.entries) != self.ledger.queries:
+        journaled = sum(e.queries for e in self.entries) + queries
+        if journaled != self.ledger.queries:
             raise JournalError(
                 f"the ledger counts {self.ledger.queries} queries but the journal "
-                f"{sum(e.queries for e in self.entries)}: spend into the ledger exactly once "
-                "per journaled round")
+                f"{journaled}: spend into the ledger exactly once per journaled round")
+        self.entries.append(Spend(step, round_index, queries))
         self.write()
 
     @property

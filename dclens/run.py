@@ -39,7 +39,7 @@ from dclens.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.config import DataLensConfig
 from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
-from dclens.rundir import Mode, RunDirError, RunPaths, plan_run, set_aside
+from dclens.rundir import Mode, RunDirError, plan_run, set_aside
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
 
@@ -151,6 +151,11 @@ def _root_seed(plan, config: DataLensConfig) -> int:
     return config.train.seed if config.train.seed is not None else entropy_seed()
 
 
+def _write_seed(plan, root_seed: int, seeded: bool) -> None:
+    """checkpoints/seed.json: the root seed a resume must reuse (private: it fixes the noise)."""
+    export.write_json(plan.paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+
+
 def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int) -> None:
     """Creates the folder, config.json and the seed file of a new run."""
     os.makedirs(plan.paths.root, exist_ok=True)
@@ -161,7 +166,7 @@ def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int) ->
         "batch": lens.batch, "steps_per_epoch": lens.steps_per_epoch,
         "seed_from_os_entropy": not seeded, "reproducible_noise": seeded,
         "private": not config.train.non_private})
-    export.write_json(plan.paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+    _write_seed(plan, root_seed, seeded)
 
 
 def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
@@ -316,8 +321,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     else:
         journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
         if not os.path.exists(plan.paths.seed):
-            export.write_json(plan.paths.seed, {"root_seed": root_seed,
-                                                "from_os_entropy": not seeded})
+            _write_seed(plan, root_seed, seeded)
 
     def on_spend(step: int, round_index: int, queries: int) -> None:
         journal.append(step, round_index, queries)

@@ -134,6 +134,14 @@ class TopkSignVoteOpBase : public OpKernel {
   }
 
  protected:
+  // Checks the inputs (see ValidateInputs) and allocates the [images, dim] vote sums.
+  absl::Status PrepareOutput(OpKernelContext* context, int64_t* teachers, int64_t* images,
+                             int64_t* dim, Tensor** output) const {
+    TF_RETURN_IF_ERROR(ValidateInputs(context->input(0), context->input(1), k_, stochastic_,
+                                      teachers, images, dim));
+    return context->allocate_output(0, TensorShape({*images, *dim}), output);
+  }
+
   int64_t k_ = 1;
   float max_grad_ = 1.0f;
   bool stochastic_ = true;
@@ -147,11 +155,8 @@ class TopkSignVoteCpuOp : public TopkSignVoteOpBase {
     const Tensor& grads = context->input(0);
     const Tensor& uniforms = context->input(1);
     int64_t teachers, images, dim;
-    OP_REQUIRES_OK(context, ValidateInputs(grads, uniforms, k_, stochastic_, &teachers,
-                                           &images, &dim));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, TensorShape({images, dim}), &output));
+    OP_REQUIRES_OK(context, PrepareOutput(context, &teachers, &images, &dim, &output));
     int32_t* out = output->flat<int32_t>().data();
     const int64_t out_size = images * dim;
     if (out_size == 0) return;
@@ -231,11 +236,8 @@ class TopkSignVoteGpuOp : public TopkSignVoteOpBase {
     const Tensor& grads = context->input(0);
     const Tensor& uniforms = context->input(1);
     int64_t teachers, images, dim;
-    OP_REQUIRES_OK(context, ValidateInputs(grads, uniforms, k_, stochastic_, &teachers,
-                                           &images, &dim));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, TensorShape({images, dim}), &output));
+    OP_REQUIRES_OK(context, PrepareOutput(context, &teachers, &images, &dim, &output));
     if (images * dim == 0) return;
     void* stream = context->op_device_context()->stream()->platform_specific_handle().stream;
     const cudaError_t err = LaunchTopkSignVoteGpu(

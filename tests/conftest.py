@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny Fashion-MNIST-shaped IDX data set made by the tests."""
 
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -15,6 +16,17 @@ def write_idx(path, array: np.ndarray) -> None:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "wb") as stream:
         stream.write(payload)
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes), to show nothing changed."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as stream:
+                found[os.path.relpath(path, folder)] = stream.read()
+    return found
 
 
 @pytest.fixture(scope="session")

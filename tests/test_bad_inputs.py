@@ -21,7 +21,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from conftest import write_idx
+from conftest import snapshot, write_idx
 
 _MAIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "main.py"
 _spec = importlib.util.spec_from_file_location("dclens_cli_bad_inputs", _MAIN)
@@ -164,16 +164,6 @@ MATRIX = [
 ]
 
 
-def snapshot(*folders: pathlib.Path) -> dict[str, bytes]:
-    found = {}
-    for folder in folders:
-        for root, _, files in os.walk(folder):
-            for name in files:
-                path = os.path.join(root, name)
-                found[path] = pathlib.Path(path).read_bytes()
-    return found
-
-
 def run_cli(argv: list[str]) -> tuple[int, str]:
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -222,7 +212,7 @@ def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_di
     code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
                          str(out), "--checkpoint_every", "1"])
     assert code == DIVERGED
-    assert (f"main.py: training diverged: step 2: a loss is not finite (teacher inf, student "
+    assert ("main.py: training diverged: step 2: a loss is not finite (teacher inf, student "
             in err)
     assert f"the last good checkpoint is {out}/checkpoints/ckpt-000001" in err
     assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000001", "seed.json"]

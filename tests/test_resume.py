@@ -16,6 +16,7 @@ import pytest
 from dclens import accounting, run
 from dclens.journal import JournalError, PrivacyJournal
 from dclens.train import DataLens
+from conftest import snapshot
 from test_end_to_end import BATCH, SIGMA, TOPK, tiny_config
 
 STEPS = 4
@@ -50,17 +51,6 @@ def epsilon_of(queries: int) -> float:
     ledger = accounting.PrivacyLedger(delta=1e-5, conversion="classic")
     ledger.spend_topagg(sigma=SIGMA, topk=TOPK, queries=queries)
     return ledger.epsilon().epsilon
-
-
-def snapshot(folder) -> dict[str, bytes]:
-    """Every file under ``folder`` with its bytes (to show nothing changed)."""
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as stream:
-                found[os.path.relpath(path, folder)] = stream.read()
-    return found
 
 
 @pytest.fixture(scope="module")
