@@ -295,10 +295,14 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
               run_dir: str | None = None, settings: evaluate.EvalSettings | None = None,
               skip_train: bool = False, reference: bool = True,
               cache_dir: str | None = None, command: str = "", note: str = "",
-              progress: bool = True, log: Callable[[str], None] = print) -> dict:
+              progress: bool = True, log: Callable[[str], None] = print,
+              checkpoint_every: int = 10) -> dict:
     """Train (unless ``skip_train``), evaluate, write the report; returns report.json's dict.
 
     ``note`` is free text shown under the report's title (e.g. why a run is scaled down).
+    ``checkpoint_every`` is passed to :func:`dclens.run.train_run` (generator steps between
+    checkpoints; at 4000 teachers one checkpoint is about 27 GB, so paper-scale runs may
+    want fewer).
     """
     from dclens import run
 
@@ -330,7 +334,8 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         # An unfinished run with the same config there is resumed by train_run.
         if deviations:
             log("NOT the paper config: " + "; ".join(deviations))
-        summary = run.train_run(config, run_dir, progress=progress, log=log)
+        summary = run.train_run(config, run_dir, progress=progress, log=log,
+                                checkpoint_every=checkpoint_every)
         train_seconds = summary.seconds
     privacy = _read_json(os.path.join(run_dir, "privacy.json"))
     run_config = _read_json(os.path.join(run_dir, "config.json"))

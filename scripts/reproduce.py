@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         "outputs must not be published as private); default OS entropy")
     add("--data_dir", help="data root (default: the dataset's default location)")
     add("--teacher_chunk", type=int, help="teachers processed together (memory only)")
+    add("--checkpoint_every", type=int, default=10, help="generator steps between "
+        "checkpoints (default 10; a 4000-teacher checkpoint is ~27 GB, so paper-scale runs "
+        "may want 25)")
     add("--out", help="report directory (default results/<name>)")
     add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
     add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             options, out_dir=args.out, run_dir=args.run_dir, settings=settings,
             skip_train=args.skip_train, reference=not args.no_reference,
             cache_dir=args.cache_dir, command=command, note=args.note or "",
-            progress=not args.quiet, log=log)
+            progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every)
     except (reproduce.ReproduceError, evaluate.EvaluationError, data.DataError,
             run.RunDirError, ValueError) as error:
         print(f"reproduce.py: error: {error}", file=sys.stderr)
