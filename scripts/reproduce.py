@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
+                     f"got {args.checkpoint_every}")
     from dclens import classifiers, config, data, evaluate, reproduce, run
 
     command = shlex.join(["python", "scripts/reproduce.py",

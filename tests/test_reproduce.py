@@ -92,6 +92,34 @@ def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_pat
     assert (tmp_path / "evaluation.png").exists()
 
 
+def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir, tmp_path,
+                                                                monkeypatch, capsys):
+    from dclens import run
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train_run(config, run_dir, **kwargs):
+        seen.update(kwargs, run_dir=run_dir)
+        raise Stop
+
+    monkeypatch.setattr(run, "train_run", fake_train_run)
+    argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
+            "--data_dir", str(tiny_fmnist_dir), "--run_dir", str(tmp_path / "run"),
+            "--out", str(tmp_path / "out"), "--quiet"]
+    with pytest.raises(Stop):
+        reproduce_cli.main(argv + ["--checkpoint_every", "25"])
+    assert seen["checkpoint_every"] == 25 and seen["run_dir"] == str(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce_cli.main(argv + ["--checkpoint_every", "0"])
+    assert exit_info.value.code == 2
+    assert "--checkpoint_every must be >= 1 (generator steps between checkpoints), got 0" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
 def test_evaluate_cli_errors(tmp_path, capsys):
     assert evaluate_cli.main([str(tmp_path / "nope.npz")]) == 2
     assert "nope.npz not found" in capsys.readouterr().err
