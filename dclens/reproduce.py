@@ -247,8 +247,13 @@ def _git(*args: str) -> str | None:
 
 
 def provenance(command: str) -> dict:
-    """Command line, git commit (+ whether the tree had local changes), machine."""
-    status = _git("status", "--porcelain")
+    """Command line, git commit (+ whether tracked files had local changes), machine.
+
+    Taken when a reproduction *starts*: the code that trains is the code at that commit,
+    even if the tree moves on during a run of hours. Untracked files (the run's own
+    outputs under results/) do not count as changes.
+    """
+    status = _git("status", "--porcelain", "--untracked-files=no")
     import keras
     import tensorflow as tf
 
@@ -307,6 +312,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
     from dclens import run
 
     started = time.perf_counter()
+    started_at = provenance(command)
     config, deviations = build_config(options)
     settings = settings or evaluate.EvalSettings()
     name = options.default_name()
@@ -398,7 +404,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         "evaluation": record,
         "seconds": {"train": train_seconds, "evaluate": eval_seconds,
                     "total": time.perf_counter() - started},
-        "provenance": provenance(command),
+        "provenance": started_at,
     }
     export.write_json(os.path.join(out_dir, "report.json"), report)
     export.atomic_write(os.path.join(out_dir, "report.md"),

@@ -94,30 +94,48 @@ def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_pat
 
 def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir, tmp_path,
                                                                 monkeypatch, capsys):
+    """Also: provenance (commit, dirty tree) is taken before training starts, since the
+    tree may move on during a run of hours."""
     from dclens import run
 
-    seen = {}
+    seen, events = {}, []
 
     class Stop(Exception):
         pass
 
     def fake_train_run(config, run_dir, **kwargs):
+        events.append("train")
         seen.update(kwargs, run_dir=run_dir)
         raise Stop
 
     monkeypatch.setattr(run, "train_run", fake_train_run)
+    monkeypatch.setattr(reproduce, "provenance", lambda command: events.append("provenance"))
     argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
             "--data_dir", str(tiny_fmnist_dir), "--run_dir", str(tmp_path / "run"),
             "--out", str(tmp_path / "out"), "--quiet"]
     with pytest.raises(Stop):
         reproduce_cli.main(argv + ["--checkpoint_every", "25"])
     assert seen["checkpoint_every"] == 25 and seen["run_dir"] == str(tmp_path / "run")
+    assert events == ["provenance", "train"]
     with pytest.raises(SystemExit) as exit_info:
         reproduce_cli.main(argv + ["--checkpoint_every", "0"])
     assert exit_info.value.code == 2
     assert "--checkpoint_every must be >= 1 (generator steps between checkpoints), got 0" in (
         capsys.readouterr().err)
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+def test_provenance_ignores_untracked_outputs(monkeypatch):
+    calls = []
+
+    def fake_git(*args):
+        calls.append(args)
+        return "" if args[0] == "status" else "abc123"
+
+    monkeypatch.setattr(reproduce, "_git", fake_git)
+    record = reproduce.provenance("python scripts/reproduce.py fashion_mnist --eps 1")
+    assert ("status", "--porcelain", "--untracked-files=no") in calls
+    assert record["commit"] == "abc123" and record["uncommitted_changes"] is False
 
 
 def test_evaluate_cli_errors(tmp_path, capsys):
