@@ -109,12 +109,19 @@ class ReproduceOptions:
         return PAPER_TABLE1[(self.dataset, self.eps)]
 
     def default_name(self) -> str:
-        """``fashion_mnist-eps1``, ``-t400`` when scaled, ``-nonprivate`` for the eps=inf row."""
+        """``fashion_mnist-eps1`` for the paper config; every deviation that changes the
+        result is in the name, so a shortened run never takes the paper run's folder:
+        ``-t400`` (teachers), ``-e50`` (training capped at 50 epochs), ``-n10000``
+        (samples), ``-r6000`` (records), ``-nonprivate`` (the eps=inf row)."""
         name = f"{self.dataset}-eps{self.eps}"
         paper = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
         teachers = self.resolved_teachers(paper)
         if teachers != paper:
             name += f"-t{teachers}"
+        for value, tag in ((self.epochs, "e"), (self.num_samples, "n"),
+                           (self.max_records, "r")):
+            if value is not None:
+                name += f"-{tag}{value}"
         if self.non_private:
             name += "-nonprivate"
         return name

@@ -154,6 +154,10 @@ def test_build_config_paper_and_scaled():
     assert scaled.topagg == cfg.paper_preset("fashion_mnist", 1).topagg
     assert deviations and reproduce.ReproduceOptions(
         "fashion_mnist", 1, scale=0.05).default_name() == "fashion_mnist-eps1-t200"
+    assert reproduce.ReproduceOptions("fashion_mnist", 10).default_name() == "fashion_mnist-eps10"
+    assert reproduce.ReproduceOptions(
+        "fashion_mnist", 10, epochs=50, num_samples=1000, max_records=600,
+        non_private=True).default_name() == "fashion_mnist-eps10-e50-n1000-r600-nonprivate"
     free, deviations = reproduce.build_config(
         reproduce.ReproduceOptions("fashion_mnist", 1, teachers=200, non_private=True))
     assert free.train.non_private and free.topagg.sigma == 0.0
