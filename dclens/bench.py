@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from dclens import data, networks, teachers
-from dclens.config import DataLensConfig, preset
+from dclens import data, networks, teacher_conv, teachers
+from dclens.config import ConvPath, DataLensConfig, preset
 from dclens.profiling import BACKGROUND_IO, PHASES, PhaseTimer
 from dclens.train import (BudgetExhausted, DataLens, default_bank_ram_bytes, image_shape_of,
                           physical_memory_bytes)
@@ -162,11 +162,12 @@ def synthetic_dataset(dataset: str, records: int, *, seed: int) -> data.LabeledI
     return data.LabeledImages(images, labels, spec, source=f"synthetic (seed {seed})")
 
 
-def bench_config(spec: BenchSpec, *, measured_teachers: int, chunk: int | None) -> DataLensConfig:
+def bench_config(spec: BenchSpec, *, measured_teachers: int, chunk: int | None,
+                 conv_path: str = "auto") -> DataLensConfig:
     """The preset with ``measured_teachers`` teachers, steady-state d_step, given chunk."""
     config = preset(spec.preset)
     train = {"num_teachers": measured_teachers, "pretrain_teacher": 0,
-             "balanced_partition": False, "seed": 0}
+             "balanced_partition": False, "seed": 0, "conv_path": ConvPath(conv_path)}
     if chunk is not None:
         train["teacher_chunk"] = chunk
     return config.replace(train=train)
@@ -189,7 +190,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
               measured_teachers: int | None = None, chunk: int | None = None,
               bank: str = "auto", bank_dir: str | None = None, ensemble: str = "fast",
               overlap_io: bool = True, ram_budget: int | None = None,
-              bank_ram_bytes: int | None = None,
+              bank_ram_bytes: int | None = None, conv_path: str = "auto",
               peak_gflops: float | None = None) -> dict[str, Any]:
     """Times ``steps`` generator steps of ``spec`` after ``warmup`` ones; see module doc.
 
@@ -199,6 +200,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
         ``ram_budget``, default half the RAM).
       bank_dir: folder for a disk bank (default: a temporary folder, removed afterwards).
       bank_ram_bytes: RAM tier of a disk bank (default: half the RAM; 0 = all on disk).
+      conv_path: the teachers' convolution path (``auto``, ``grouped``, ``per_teacher``).
       peak_gflops: the matmul peak measured in the same run, for the fraction of peak.
     """
     if steps < 1 or warmup < 0:
@@ -207,7 +209,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
     if not 1 <= measured <= spec.num_teachers:
         raise ValueError(f"measured teachers must be in [1, {spec.num_teachers}], "
                          f"got {measured}")
-    config = bench_config(spec, measured_teachers=measured, chunk=chunk)
+    config = bench_config(spec, measured_teachers=measured, chunk=chunk, conv_path=conv_path)
     shape = image_shape_of(data.dataset_spec(config.train.dataset))
     layout = teachers.ParamLayout.for_shape(shape)
     needed = teachers.bank_bytes(layout, measured)
@@ -251,7 +253,10 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
         result["measured"] = {
             "num_teachers": measured, "teacher_chunk": config.train.teacher_chunk,
             "batch": lens.batch, "d_step": config.train.d_step, "g_step": config.train.g_step,
-            "ensemble": ensemble, "bank": "disk" if on_disk else "ram",
+            "ensemble": ensemble,
+            **({"conv": teacher_conv.describe(lens.ensemble.conv_path)}
+               if ensemble == "fast" else {}),
+            "bank": "disk" if on_disk else "ram",
             "bank_gib": needed / GIB, "io_overlapped": overlap_io,
             "bank_resident_teachers": (lens.bank.resident_rows if on_disk else measured),
             "setup_seconds": setup_seconds, "warmup_steps": warmup,

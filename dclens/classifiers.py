@@ -150,6 +150,30 @@ def accuracy(model, images: np.ndarray, labels: np.ndarray, batch_size: int = 10
     return float(np.mean(predicted == labels))
 
 
+def _heartbeat(log: Callable[[str], None], epoch: int, epochs: int, every: float = 15.0):
+    """A Keras callback that logs progress inside an epoch at most every ``every`` seconds
+    (batches done, time left in the epoch), so a long epoch never looks like a hang."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class Heartbeat(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.started = self.last = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if now - self.last < every:
+                return
+            self.last = now
+            total = self.params.get("steps") or 0
+            done = batch + 1
+            left = (now - self.started) / done * (total - done) if total else float("nan")
+            log(f"  epoch {epoch}/{epochs}: batch {done}/{total}, ~{left:.0f} s left in "
+                "this epoch")
+
+    return Heartbeat()
+
+
 def fit_with_curves(model, images: np.ndarray, labels: np.ndarray, *, schedule: Schedule,
                     seed: int, monitors: Mapping[str, tuple[np.ndarray, np.ndarray]],
                     log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
@@ -179,8 +203,9 @@ def fit_with_curves(model, images: np.ndarray, labels: np.ndarray, *, schedule: 
     for epoch in range(1, schedule.epochs + 1):
         started = time.perf_counter()
         order = rng.permutation(len(labels))
+        callbacks = [] if log is None else [_heartbeat(log, epoch, schedule.epochs)]
         history = model.fit(images[order], labels[order], batch_size=schedule.batch_size,
-                            epochs=1, shuffle=False, verbose=0)
+                            epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         curves["epoch"].append(epoch)
         curves["loss"].append(float(history.history["loss"][-1]))
         curves["train_accuracy"].append(float(history.history["accuracy"][-1]))

@@ -25,6 +25,20 @@ class ConfigError(ValueError):
     """A hyper-parameter has a value the run cannot use."""
 
 
+class ConvPath(enum.Enum):
+    """How the teachers' convolutions are computed (same math; :mod:`dclens.teacher_conv`).
+
+    Performance only: no effect on the algorithm, and free to change on resume.
+    """
+
+    #: The fastest path that works on this CPU and TensorFlow build.
+    AUTO = "auto"
+    #: One grouped ``tf.nn.conv2d`` (its gradient needs oneDNN on a CPU).
+    GROUPED = "grouped"
+    #: One ordinary ``tf.nn.conv2d`` per teacher (works on every CPU).
+    PER_TEACHER = "per_teacher"
+
+
 class Aggregation(enum.Enum):
     """How each teacher turns its image gradient into a vote (paper Alg. 2).
 
@@ -154,6 +168,7 @@ class TrainConfig:
       teacher_chunk: teachers processed together (memory bound, no effect on the algorithm
         except which random numbers a teacher draws).
       num_samples: synthetic samples written at the end.
+      conv_path: how the teachers' convolutions run (:class:`ConvPath`; speed only).
       max_records: use only the first ``max_records`` training records (tests, demos);
         ``None`` = all.
     """
@@ -176,6 +191,7 @@ class TrainConfig:
     teacher_chunk: int = 10
     num_samples: int = 100_000
     max_records: int | None = None
+    conv_path: ConvPath = ConvPath.AUTO
 
     def __post_init__(self) -> None:
         _require(isinstance(self.dataset, str) and self.dataset != "",
@@ -195,6 +211,9 @@ class TrainConfig:
                  f"partition_seed must be an integer >= 0, got {self.partition_seed!r}")
         _require(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
                  f"seed must be an integer >= 0 or None, got {self.seed!r}")
+        _require(isinstance(self.conv_path, ConvPath),
+                 f"conv_path must be one of {[p.value for p in ConvPath]}, "
+                 f"got {self.conv_path!r}")
         _require(self.max_records is None
                  or (_is_int(self.max_records) and self.max_records >= 1),
                  f"max_records must be an integer >= 1 or None, got {self.max_records!r}")
@@ -248,7 +267,7 @@ class DataLensConfig:
         unknown = set(data) - {"train", "topagg", "budget"}
         _require(not unknown, f"unknown config sections: {sorted(unknown)}")
         return cls(
-            train=build(TrainConfig, data.get("train", {}), {}),
+            train=build(TrainConfig, data.get("train", {}), {"conv_path": ConvPath}),
             topagg=build(TopAggConfig, data.get("topagg", {}), {"method": Aggregation}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),
         )

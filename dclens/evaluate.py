@@ -415,6 +415,15 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
                               f"test data {test.spec.num_classes}")
     if len(test) == 0:
         raise EvaluationError(f"the test data ({test.source}) is empty")
+    if settings.quality and quality_scores.cached_model_path(
+            train_split_name(synthetic.spec.name), data_dir, settings=settings.domain,
+            cache_dir=cache_dir) is None:
+        epochs = settings.domain.schedule.epochs
+        log(f"note: IS/FID need a domain classifier, trained once on the real training split "
+            f"and then cached ({cache_dir or quality_scores.default_cache_dir()}): {epochs} "
+            f"epochs, about {epochs * quality_scores.DOMAIN_SECONDS_PER_EPOCH_2_CORES / 60:.0f}"
+            " min on 2 CPU cores for Fashion-MNIST, after the classifiers below; "
+            "--no_quality skips it")
     seeds = settings.seeds()
     given = len(synthetic)
     synthetic = _subset(synthetic, settings.max_samples, seeds["subset"])

@@ -15,8 +15,10 @@ round-off, tests/test_fast_paths.py):
    shrink from C+K to C input channels (28x28x1: 11 -> 1 and 21 -> 11), about half of all
    multiply-adds of the teacher.
 2. **Grouped layout.**  Activations stay in the layout [B, H, W, T*C] (teacher t owns
-   channels [t*C, (t+1)*C)) of a grouped convolution with T groups, so the convolutions
-   need no transposes; only the flatten before the first dense layer changes layout.
+   channels [t*C, (t+1)*C)), so the convolutions need no transposes; only the flatten
+   before the first dense layer changes layout.  The convolutions themselves run on the
+   path :mod:`dclens.teacher_conv` picks for this CPU (one grouped convolution, whose
+   gradient TF has only with oneDNN, or one ordinary convolution per teacher).
 3. **Real and fake batches in one pass.**  Both batches go through every layer together
    (2B images); batch normalisation still takes its statistics over each batch separately
    (``groups=2``), so every output equals the two separate passes of the reference.
@@ -35,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from dclens import networks
+from dclens import networks, teacher_conv
+from dclens.teacher_conv import ConvPath
 from dclens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
 
 KERNEL = 5
@@ -52,12 +55,6 @@ def same_padding_taps(height: int, width: int) -> np.ndarray:
     eye = tf.reshape(tf.eye(TAPS, dtype=tf.float32), (KERNEL, KERNEL, 1, TAPS))
     taps = tf.nn.conv2d(ones, eye, strides=2, padding="SAME")
     return tf.reshape(taps, (-1, TAPS)).numpy()
-
-
-def _to_grouped_kernel(kernel: tf.Tensor) -> tf.Tensor:
-    """[T, 5, 5, Cin, Cout] -> [5, 5, Cin, T*Cout] (the filter of a T-group convolution)."""
-    return tf.reshape(tf.transpose(kernel, [1, 2, 3, 0, 4]),
-                      (KERNEL, KERNEL, kernel.shape[-2], -1))
 
 
 def _label_term(taps: tf.Tensor, kernel_y: tf.Tensor, labels: tf.Tensor,
@@ -128,10 +125,14 @@ class FastTeacherEnsemble:
     Args:
       shape: image shape and number of classes.
       learning_rate, beta1: the teachers' Adam hyper-parameters (paper: 1e-3, 0.5).
+      conv_path: how the convolutions run (:mod:`dclens.teacher_conv`): ``"auto"`` (the
+        fastest path that works on this CPU), ``"grouped"`` or ``"per_teacher"``.
     """
 
-    def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float):
+    def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
+                 conv_path: str | ConvPath = "auto"):
         self.shape = shape
+        self.conv_path = teacher_conv.resolve_conv_path(conv_path)
         self.layout = ParamLayout.for_shape(shape)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
@@ -140,9 +141,10 @@ class FastTeacherEnsemble:
         self._taps = (tf.constant(same_padding_taps(shape.height, shape.width)),
                       tf.constant(same_padding_taps(h1, w1)))
         self._variables: dict[int, _ChunkVariables] = {}
-        self._train_fused = tf.function(self._train_fused_impl, reduce_retracing=True)
-        self._train_formula = tf.function(self._train_formula_impl, reduce_retracing=True)
-        self._image_gradients = tf.function(self._image_gradients_impl, reduce_retracing=True)
+        # One trace per chunk size (the per-teacher path unrolls over the teachers).
+        self._train_fused = tf.function(self._train_fused_impl)
+        self._train_formula = tf.function(self._train_formula_impl)
+        self._image_gradients = tf.function(self._image_gradients_impl)
 
     # ----------------------------------------------------------------- forward pass
     def grouped_logits(self, weights: tf.Tensor, images: tf.Tensor, labels: tf.Tensor,
@@ -160,12 +162,12 @@ class FastTeacherEnsemble:
         # tf.split, not slicing: the gradient of a strided slice is slow on CPU
         kernel0_x, kernel0_y = tf.split(p["conv0/kernel"], [c, k], axis=3)
         c0 = kernel0_x.shape[-1]
-        h = tf.nn.conv2d(images, _to_grouped_kernel(kernel0_x), strides=2, padding="SAME")
+        h = teacher_conv.conv5x5_stride2(images, kernel0_x, self.conv_path)
         h = h + _label_term(taps0, kernel0_y, labels, hw0)
         h = _leaky_relu(h + tf.reshape(p["conv0/bias"], [-1]))
         kernel1_x, kernel1_y = tf.split(p["conv1/kernel"], [c0, k], axis=3)
         c1 = kernel1_x.shape[-1]
-        h = tf.nn.conv2d(h, _to_grouped_kernel(kernel1_x), strides=2, padding="SAME")
+        h = teacher_conv.conv5x5_stride2(h, kernel1_x, self.conv_path)
         h = h + _label_term(taps1, kernel1_y, labels, hw1)
         h = h + tf.reshape(p["conv1/bias"], [-1])
         h = _leaky_relu(_grouped_batch_norm(h, p["bn1/gamma"], p["bn1/beta"], groups))

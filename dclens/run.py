@@ -236,7 +236,7 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
 def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar) -> None:
     import tensorflow as tf
 
-    with writer.as_default(step=record.step + 1):
+    with writer.get().as_default(step=record.step + 1):
         if record.epsilon is not None:
             tf.summary.scalar("privacy/epsilon", record.epsilon)
         tf.summary.scalar("loss/teacher", record.teacher_loss)
@@ -265,9 +265,59 @@ def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
         orders=lens.ledger.orders))
 
 
+def _on_off(flag: bool | None) -> str:
+    return "unknown" if flag is None else "on" if flag else "off"
+
+
 def _outputs_exist(output_dir: str) -> bool:
     return all(os.path.exists(os.path.join(output_dir, name))
                for name in ("generator.keras", "samples.npz", "samples.png"))
+
+
+def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummary | None:
+    """The summary of a finished run that this command would not extend, else None.
+
+    Read from the small records only (config.json, the newest checkpoint's state.json,
+    ledger.json): no data set, teacher state or TensorFlow.  A command with more epochs or
+    a larger budget than the saved run may extend it, so it gets None (the full path).
+    """
+    if plan.mode is not Mode.RESUME or not _outputs_exist(plan.paths.root) \
+            or not os.path.exists(plan.paths.journal):
+        return None
+    latest = CheckpointStore(plan.paths.checkpoints).latest()
+    if latest is None or not latest.state.get("finished"):
+        return None
+    with open(plan.paths.config) as stream:
+        saved = DataLensConfig.from_dict(json.load(stream)["config"])
+    if (config.train.epochs > saved.train.epochs
+            or config.budget.max_eps > saved.budget.max_eps):
+        return None
+    journal = PrivacyJournal.load(plan.paths.journal)
+    epsilon = (None if config.train.non_private or not journal.queries
+               else journal.ledger.epsilon().epsilon)
+    return RunSummary(latest.step, journal.queries, epsilon,
+                      latest.state.get("stop_reason") or "epochs", plan.paths.root,
+                      time.perf_counter() - started, latest.step, journal.lost_queries)
+
+
+class _LazySummaryWriter:
+    """A TensorBoard writer that creates its event file on first use, so an invocation
+    that logs nothing (a finished run, an early error) leaves no empty event file."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writer = None
+
+    def get(self):
+        if self._writer is None:
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+            self._writer = tf.summary.create_file_writer(self.logdir)
+        return self._writer
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
 
 
 def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
@@ -291,13 +341,20 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     """
     import tensorflow as tf
 
+    from dclens import teacher_conv
     from dclens.train import BudgetExhausted, DataLens, bank_location
 
     if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     hook = fault_hook or _no_hook
     started = time.perf_counter()
-    plan_run(config, output_dir, restart=restart)        # refuse before the slow data load
+    early = plan_run(config, output_dir, restart=restart)  # refuse before the slow data load
+    finished_already = None if restart else _finished_summary(early, config, started)
+    if finished_already is not None:
+        log(f"the run in {output_dir} is already finished (stopped by "
+            f"{finished_already.stop_reason} at step {finished_already.steps}); nothing to "
+            "do. Pass --restart to train it again.")
+        return finished_already
     seeded = config.train.seed is not None
     if config.train.non_private:
         log(NOT_PRIVATE_WARNING)
@@ -331,7 +388,11 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     log(f"{dataset.spec.name}: {len(dataset.labels)} records, {config.train.num_teachers} "
         f"teachers x {lens.partition_size} records, batch {lens.batch}, "
         f"{lens.batch * config.train.g_step} queries per step; output in {output_dir}")
-    writer = tf.summary.create_file_writer(plan.paths.logs)
+    conv = getattr(lens.ensemble, "conv_path", None)
+    if conv is not None:
+        log(f"teacher convolutions: {conv.value} path (oneDNN "
+            f"{_on_off(teacher_conv.onednn_enabled())}; --conv_path to choose)")
+    writer = _LazySummaryWriter(plan.paths.logs)
     total_steps = config.train.epochs * lens.steps_per_epoch
     expected_steps = _expected_steps(config, lens, total_steps)
     if not config.train.non_private:
@@ -394,7 +455,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     lens.generator.save(os.path.join(output_dir, "generator.keras"))
     write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
                          epsilon=epsilon, batch=lens.batch, log=log)
-    with writer.as_default(step=lens.step):
+    with writer.get().as_default(step=lens.step):
         tf.summary.image("samples/by_class", class_grid(
                     lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
     writer.flush()

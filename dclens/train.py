@@ -163,8 +163,9 @@ class DataLens:
             directory=bank_dir, resident_rows=(
                 default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes)
             // teachers.bank_bytes(layout, 1))
+        ensemble_options = ({"conv_path": train_cfg.conv_path} if ensemble == "fast" else {})
         self.ensemble = ENSEMBLES[ensemble](self.shape, learning_rate=train_cfg.learning_rate,
-                                            beta1=train_cfg.beta1)
+                                            beta1=train_cfg.beta1, **ensemble_options)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT))
         self.student_optimizer = keras.optimizers.Adam(

@@ -27,10 +27,16 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import bench  # noqa: E402  (after the sys.path insertion above)
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.import_tensorflow_quietly()
+
+from dclens import bench, teacher_conv  # noqa: E402
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", choices=sorted(bench.SPECS),
@@ -50,12 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ensemble", choices=("fast", "reference"), default="fast")
     parser.add_argument("--no_overlap", action="store_true",
                         help="teacher state I/O in the main thread (no prefetch/write-behind)")
+    parser.add_argument("--conv_path", choices=("auto", "grouped", "per_teacher"),
+                        default="auto",
+                        help="the teachers' convolution path (dclens/teacher_conv.py)")
     parser.add_argument("--out", help="also write the JSON to this file")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     names = args.config or ["fmnist-200"]
     load_before = os.getloadavg()
     peak_before = bench.matmul_peak_gflops()
@@ -71,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ensemble=args.ensemble, overlap_io=not args.no_overlap,
                 bank_ram_bytes=(None if args.bank_ram_gib is None
                                 else int(args.bank_ram_gib * bench.GIB)),
+                conv_path=args.conv_path,
                 peak_gflops=None)
         except (OSError, RuntimeError, ValueError) as error:
             result = {"config": name, "error": f"{type(error).__name__}: {error}"}
@@ -86,7 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if part in result:
                 bench.add_peak_fractions(result[part], peak)
     report = {
-        "machine": {"cpus": os.cpu_count(), "load_average_before": load_before,
+        "machine": {"cpus": os.cpu_count(), "cpu_model": teacher_conv.cpu_model_name(),
+                    "cpu_vector_extensions": teacher_conv.cpu_vector_extensions(),
+                    "onednn_enabled": teacher_conv.onednn_enabled(),
+                    "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                    "tensorflow": bench.tf.__version__,
+                    "load_average_before": load_before,
                     "load_average_after": os.getloadavg(),
                     "matmul_float32_before": peak_before,
                     "matmul_float32_after": peak_after},

@@ -26,8 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.import_tensorflow_quietly()
 
 import tensorflow as tf  # noqa: E402
 
@@ -103,7 +108,7 @@ def bench_case(shape, topk, *, method, repeats, chunk):
     }
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=500,
@@ -112,7 +117,11 @@ def main() -> int:
     parser.add_argument("--deterministic", action="store_true",
                         help="time the deterministic sign instead of the stochastic one")
     parser.add_argument("--quick", action="store_true", help="10x fewer teachers")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     try:
         vote_op.load()
     except vote_op.VoteOpUnavailable as exc:

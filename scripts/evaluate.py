@@ -24,6 +24,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """The classifier/protocol flags shared with scripts/reproduce.py."""
@@ -131,4 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.import_tensorflow_quietly()
     sys.exit(main())

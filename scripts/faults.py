@@ -38,6 +38,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
 POINTS = ("after_spend", "after_step", "checkpoint_before_commit", "after_checkpoint",
           "before_outputs")
 TEACHERS, RECORDS, BATCH, SIGMA, TOPK, STEPS = 4, 80, 10, 20.0, 50, 5
@@ -197,15 +199,20 @@ def child(argv: list[str]) -> int:
     return cli.main(rest, fault_hook=hook)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "child":
-        return child(argv[1:])
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="kill-and-resume trials")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--data_dir", help="data root with fashion_mnist/ (default: Debian's)")
     parser.add_argument("--workdir", help="where the runs go (default: a temporary folder)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "child":
+        return child(argv[1:])
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
@@ -216,4 +223,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # the children inherit it; see dclens/tf_env.py
     sys.exit(main())

@@ -24,6 +24,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from dclens import config as cfg  # noqa: E402
+from dclens import tf_env  # noqa: E402
 from dclens.accounting import Conversion  # noqa: E402
 
 # The authors' main.py defaults (their flag definitions), for --preset authors.
@@ -94,14 +95,75 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+# Where each flag's value lives in the config (for the defaults shown by --help).
+FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
+               "topk": "topagg.topk", "sigma": "topagg.sigma", "thresh": "topagg.thresh",
+               "max_eps": "budget.max_eps", "delta": "budget.delta",
+               "max_grad": "topagg.max_grad", "d_step": "train.d_step", "g_step": "train.g_step",
+               "pretrain_teacher": "train.pretrain_teacher", "z_dim": "train.z_dim",
+               "learning_rate": "train.learning_rate", "beta1": "train.beta1",
+               "orders": "budget.max_order", "conversion": "budget.conversion",
+               "partition_seed": "train.partition_seed", "teacher_chunk": "train.teacher_chunk",
+               "num_samples": "train.num_samples", "shuffle": "train.balanced_partition",
+               "non_private": "train.non_private", "conv_path": "train.conv_path"}
+
+
+def _field(config: cfg.DataLensConfig, dotted: str):
+    section, name = dotted.split(".")
+    value = getattr(getattr(config, section), name)
+    return value.value if hasattr(value, "value") else value
+
+
+def _default_note(flag: str) -> str:
+    """' [demo: X; with --dataset: Y]': the value a flag takes when not given, under the
+    demo preset and under the authors' main.py defaults (--preset authors)."""
+    demo = cfg.preset("demo")
+    if flag in ("batch_teachers", "teachers_batch"):
+        return (f" [demo: {demo.train.num_teachers} teachers in all; with --dataset: "
+                f"{AUTHORS_DEFAULTS[flag]}]")
+    if flag == "stochastic":
+        return (" [demo: on; with --dataset: "
+                f"{'on' if AUTHORS_DEFAULTS['stochastic'] else 'off'}]")
+    if flag not in FLAG_FIELDS:
+        return ""
+    value = _field(demo, FLAG_FIELDS[flag])
+    authors = AUTHORS_DEFAULTS.get(flag, _field(cfg.DataLensConfig(), FLAG_FIELDS[flag]))
+    if flag == "max_grad":
+        authors = 1e-5
+    if flag == "shuffle":
+        authors = AUTHORS_DEFAULTS["shuffle"]
+    if value == authors:
+        return f" [default: {value}]"
+    return f" [demo: {value}; with --dataset: {authors}]"
+
+
+BOOLEAN_HELP = {
+    "train": "train (default for the demo; without it, --dataset runs sample the trained "
+             "generator in --checkpoint_dir)",
+    "stochastic": "stochastic sign of the top-k coordinates (paper Alg. 2); --nostochastic: "
+                  "deterministic sign",
+    "signsgd": "top-k sign voting (the only aggregation dclens implements; --nosignsgd is "
+               "refused)",
+    "shuffle": "class-balanced disjoint partitions; --noshuffle: contiguous slices of the "
+               "shuffled data",
+    "non_private": "no noise and no budget: the output is NOT private (debugging only)",
+    "pretrain": "load a pretrained generator (not implemented: refused; the authors' "
+                "--nopretrain is the default)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="main.py", description="DataLens (dclens): DP image generation by gradient "
-        "voting. Flag names follow the authors' main.py.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+        "voting. Flag names follow the authors' main.py. Values in [] are what a flag "
+        "not given takes: under the demo preset (no --dataset) and under the authors' "
+        "main.py defaults (with --dataset, --preset authors).",
+        epilog="Booleans take --flag, --noflag or --flag=true|false. Environment: the CLI "
+        "sets TF_ENABLE_ONEDNN_OPTS=1 and TF_CPP_MIN_LOG_LEVEL=3 unless you set them "
+        "(dclens/tf_env.py).", allow_abbrev=False)
     add = parser.add_argument
     add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
-        " (default: demo without --dataset, else authors)")
+        " [default: demo without --dataset, else authors]")
     add("--dataset", help="mnist, fashion_mnist, celebA-gender-<split>, celebA-hair-<split>")
     add("--data_dir", help="data root (authors' layout <data_dir>/<dataset>/...); default: "
         "/usr/share/datasets/fashion-mnist for fashion_mnist")
@@ -139,12 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
         "existing run with the same settings is resumed")
     add("--deterministic", action="store_true", help="tf.config.experimental."
         "enable_op_determinism(): fail on any op without a deterministic kernel")
+    add("--conv_path", choices=[p.value for p in cfg.ConvPath],
+        help="how the teachers' convolutions run (speed only, same math): auto picks the "
+        "fastest that works on this CPU")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
-        "checkpoints (one is also written at the end)")
+        "checkpoints (one is also written at the end) [default: 10]")
     for name in BOOLEAN_FLAGS:
         add(f"--{name}", nargs="?", const=True, default=None, type=_parse_bool,
-            metavar="BOOL")
-        add(f"--no{name}", dest=name, action="store_const", const=False)
+            metavar="BOOL", help=BOOLEAN_HELP[name])
+        add(f"--no{name}", dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
+    for action in parser._actions:                     # pylint: disable=protected-access
+        flag = action.dest
+        if action.help not in (None, argparse.SUPPRESS) and action.option_strings:
+            action.help += _default_note(flag)
     for name in UNSUPPORTED_AUTHORS_FLAGS:
         add(f"--{name}", dest=f"unsupported_{name}", nargs="?", const=True, default=None,
             help=argparse.SUPPRESS)
@@ -189,7 +258,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
                "seed": "seed", "partition_seed": "partition_seed",
                "teacher_chunk": "teacher_chunk", "num_samples": "num_samples",
                "max_records": "max_records", "shuffle": "balanced_partition",
-               "non_private": "non_private"}
+               "non_private": "non_private", "conv_path": "conv_path"}
     for flag, field in mapping.items():
         if getattr(args, flag) is not None:
             train[field] = getattr(args, flag)
@@ -237,6 +306,7 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         parser.error(str(error))
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint_every must be >= 1, got {args.checkpoint_every}")
+    tf_env.import_tensorflow_quietly()
     from dclens import data, run
     from dclens.checkpoint import CheckpointError
     from dclens.journal import JournalError
@@ -266,4 +336,5 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
 
 
 if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
     sys.exit(main())

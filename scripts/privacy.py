@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from dclens import accounting  # noqa: E402  (after the sys.path insertion above)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="privacy.py", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="TopAgg calls per generator step (the fake batch size)")
     parser.add_argument("--steps", type=int,
                         help="generator steps taken (not with --max_eps)")
-    parser.add_argument("--delta", type=float, required=True,
-                        help="delta of the (epsilon, delta) guarantee, e.g. 1e-5")
+    parser.add_argument("--delta", type=float, default=1e-5,
+                        help="delta of the (epsilon, delta) guarantee (default 1e-5, the authors')")
     parser.add_argument("--conversion", default="both",
                         choices=[c.value for c in accounting.Conversion] + ["both"],
                         help="RDP -> (epsilon, delta) conversion (default: both)")
@@ -111,7 +111,7 @@ def _describe(mode: str, result: dict[str, Any], args: argparse.Namespace) -> st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.target_eps is not None:
         mode = "calibrate_sigma"

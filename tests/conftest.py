@@ -1,8 +1,18 @@
-"""Shared fixtures: a tiny Fashion-MNIST-shaped IDX data set made by the tests."""
+"""Shared fixtures: a tiny Fashion-MNIST-shaped IDX data set made by the tests.
+
+The test process runs TensorFlow as the command-line tools do (:mod:`dclens.tf_env`:
+oneDNN on and quiet C++ logs unless the environment says otherwise), set here before any
+test module imports TensorFlow, so the suite behaves alike on CPUs whose oneDNN default
+differs.  tests/test_teacher_conv.py runs a job with oneDNN off and on in subprocesses.
+"""
 
 import gzip
 import os
 import struct
+
+from dclens import tf_env
+
+tf_env.prepare_cli_environment()
 
 import numpy as np
 import pytest

@@ -316,3 +316,20 @@ def test_help_lists_supported_flags_only(capsys):
                  "--checkpoint_dir", "--nostochastic", "--non_private"):
         assert flag in out
     assert "--wgan" not in out and "--save_vote" not in out
+
+
+def test_help_gives_every_flag_a_line_and_its_effective_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out and "--nonon_private" not in out
+    parser = cli.build_parser()
+    for action in parser._actions:                 # pylint: disable=protected-access
+        if action.option_strings and action.help != "==SUPPRESS==":
+            assert action.help, action.option_strings
+    demo = cfg.preset("demo")
+    # The values a flag takes when not given: the demo's and the authors' main.py defaults.
+    assert f"[demo: {demo.topagg.sigma}; with --dataset: {cli.AUTHORS_DEFAULTS['sigma']}]" in out
+    assert f"[demo: {demo.train.num_teachers} teachers in all; with --dataset: 1]" in out
+    assert "--checkpoint_every CHECKPOINT_EVERY generator steps between checkpoints" in out
+    assert "[default: 10]" in out

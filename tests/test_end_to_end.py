@@ -116,6 +116,38 @@ def test_rerun_of_a_finished_run_does_nothing(finished_run, tiny_fmnist_dir):
     assert {name: (out / name).read_bytes() for name in before} == before
 
 
+def test_rerun_of_a_finished_run_reads_only_the_small_records(finished_run, tiny_fmnist_dir,
+                                                             monkeypatch):
+    """It says 'finished' without loading the data set or any teacher state, and leaves
+    no new (empty) TensorBoard event file behind."""
+    _, summary, out = finished_run
+    events_before = sorted(os.listdir(out / "logs"))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished run must not load data or teacher state")
+
+    monkeypatch.setattr(run, "load_training_data", must_not_run)
+    monkeypatch.setattr("dclens.train.DataLens", must_not_run)
+    messages = []
+    again = run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False,
+                          log=messages.append)
+    assert messages and "already finished" in messages[-1]
+    assert (again.steps, again.queries, again.stop_reason) == (
+        summary.steps, summary.queries, summary.stop_reason)
+    assert again.epsilon == pytest.approx(summary.epsilon, rel=1e-12)
+    assert sorted(os.listdir(out / "logs")) == events_before
+
+
+def test_a_larger_budget_extends_a_finished_run(finished_run, tiny_fmnist_dir, tmp_path):
+    """More budget than the saved run may allow more steps: the quick path stands aside."""
+    _, summary, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    bigger = tiny_config(tiny_fmnist_dir, steps=4)
+    more = run.train_run(bigger, str(copy), progress=False, log=lambda _: None)
+    assert more.steps == summary.steps + 1
+
+
 def test_refuses_directory_of_a_run_with_other_settings(finished_run, tiny_fmnist_dir):
     _, _, out = finished_run
     before = (out / "privacy.json").read_text()
