@@ -180,8 +180,9 @@ def cached_model_path(dataset: str, data_dir: str | os.PathLike | None = None, *
     return model_path if os.path.exists(model_path) and os.path.exists(info_path) else None
 
 
-#: Measured on a 2-core AMD EPYC (AVX2, oneDNN on): seconds per epoch of the default
-#: domain classifier on 60,000 Fashion-MNIST images (README "Evaluation").
+#: Seconds per epoch of the default domain classifier on 60,000 Fashion-MNIST images on a
+#: 2-core AVX2 EPYC, as a user measured it (issue 11); used only for the up-front estimate
+#: that evaluate.py prints before training it.
 DOMAIN_SECONDS_PER_EPOCH_2_CORES = 40
 
 

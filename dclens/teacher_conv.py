@@ -36,10 +36,10 @@ KERNEL = 5
 LOGGER = logging.getLogger("dclens")
 
 #: With the grouped gradient available, is the grouped path the faster one?  Measured on
-#: an AVX2 EPYC with oneDNN on (scripts/bench.py --conv_path grouped|per_teacher): the
-#: per-teacher path was as fast or faster for both the 4000-teacher (B=15) and the
-#: 200-teacher (B=30) Fashion-MNIST configs, so ``auto`` uses it everywhere and the
-#: grouped path stays available by name.
+#: a 2-core AVX2 EPYC with oneDNN on (README "Performance"): one chunk of 10 teachers, 2
+#: training steps at B = 15, 115 ms per-teacher vs 182 ms grouped; scripts/bench.py
+#: fmnist-200, 5.9 vs 7.9 s per step.  So ``auto`` takes the per-teacher path everywhere
+#: and the grouped path stays available by name.
 AUTO_PREFERS_GROUPED = False
 
 

@@ -26,7 +26,7 @@ def readme_commands() -> list[str]:
         lines += block.replace("\\\n", " ").splitlines()
     lines += re.findall(r"^    ((?:python|bash) scripts/.*)$", text, re.M)
     lines += [" ".join(span.split()) for span in
-              re.findall(r"`((?:python|bash) scripts/[^`]+)`", text)]
+              re.findall(r"`((?:[A-Z_]+=\S+ )*(?:python|bash) scripts/[^`]+)`", text)]
     commands = []
     for line in lines:
         for part in line.split("&&"):
@@ -56,6 +56,8 @@ def test_readme_has_the_commands_it_promises():
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_is_accepted(command):
     tokens = shlex.split(command, comments=True)
+    while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", tokens[0]):     # VAR=value prefixes
+        tokens = tokens[1:]
     if tokens[0] == "bash":
         assert (ROOT / tokens[1]).is_file(), command
         return
