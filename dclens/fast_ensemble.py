@@ -38,10 +38,10 @@ import numpy as np
 import tensorflow as tf
 
 from dclens import networks, teacher_conv
-from dclens.teacher_conv import ConvPath
+from dclens.config import ConvPath
 from dclens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
 
-KERNEL = 5
+KERNEL = teacher_conv.KERNEL
 TAPS = KERNEL * KERNEL
 
 
