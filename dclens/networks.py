@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 import keras
+import numpy as np
 from keras import layers
 
 BN_EPSILON = 1e-5
@@ -43,6 +44,8 @@ DISCRIMINATOR_FILTERS = 32   # df_dim
 DISCRIMINATOR_DENSE = 256    # dfc_dim
 GENERATOR_FILTERS = 64       # gf_dim
 GENERATOR_DENSE = 1024       # gfc_dim
+#: The generator's layers with weights, in build order.
+GENERATOR_LAYERS = ("g_h0_lin", "g_h1_lin", "g_h2_deconv", "g_h3_deconv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,65 +84,94 @@ class ConcatLabelMaps(layers.Layer):
         return (*features[:-1], features[-1] + labels[-1])
 
 
+def layer_seeds(seed: int | None, names: tuple[str, ...]) -> dict[str, int | None]:
+    """One independent initializer seed per named layer, derived from ``seed``.
+
+    Keras' seeded initializers are deterministic per call: one seeded initializer shared by
+    two layers gives them the same leading values (e.g. a dense kernel equal to the first
+    rows of the next one).  Every layer therefore gets its own seed, spawned from ``seed``
+    with :class:`numpy.random.SeedSequence` (``None`` stays ``None``: Keras then draws
+    fresh, independent values for every layer).
+    """
+    if seed is None:
+        return {name: None for name in names}
+    states = np.random.SeedSequence(seed).generate_state(len(names), np.uint32)
+    return {name: int(state >> 1) for name, state in zip(names, states)}
+
+
 def _batch_norm(name: str) -> layers.BatchNormalization:
     return layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM, name=name)
 
 
 def build_discriminator(shape: ImageShape, *, seed: int | None = None,
                         name: str = "teacher_discriminator") -> keras.Model:
-    """One teacher discriminator: inputs [image, one-hot label], output the logit [B, 1]."""
-    conv_init = keras.initializers.TruncatedNormal(stddev=INIT_STDDEV, seed=seed)
-    dense_init = keras.initializers.RandomNormal(
-        stddev=INIT_STDDEV, seed=None if seed is None else seed + 1)
+    """One teacher discriminator: inputs [image, one-hot label], output the logit [B, 1].
+
+    Every layer's initializer has its own seed (:func:`layer_seeds`)."""
+    seeds = layer_seeds(seed, ("d_h0_conv", "d_h1_conv", "d_h2_lin", "d_h3_lin"))
+
+    def conv_init(name):
+        return keras.initializers.TruncatedNormal(stddev=INIT_STDDEV, seed=seeds[name])
+
+    def dense_init(name):
+        return keras.initializers.RandomNormal(stddev=INIT_STDDEV, seed=seeds[name])
     k = shape.num_classes
     image = keras.Input((shape.height, shape.width, shape.channels), name="image")
     label = keras.Input((k,), name="label")
     h = ConcatLabelMaps(name="concat_y0")([image, label])
     h = layers.Conv2D(shape.channels + k, 5, strides=2, padding="same",
-                      kernel_initializer=conv_init, name="d_h0_conv")(h)
+                      kernel_initializer=conv_init("d_h0_conv"), name="d_h0_conv")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
     h = ConcatLabelMaps(name="concat_y1")([h, label])
     h = layers.Conv2D(DISCRIMINATOR_FILTERS + k, 5, strides=2, padding="same",
-                      kernel_initializer=conv_init, name="d_h1_conv")(h)
+                      kernel_initializer=conv_init("d_h1_conv"), name="d_h1_conv")(h)
     h = _batch_norm("d_bn1")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
     h = layers.Flatten()(h)
     h = layers.Concatenate()([h, label])
-    h = layers.Dense(DISCRIMINATOR_DENSE, kernel_initializer=dense_init, name="d_h2_lin")(h)
+    h = layers.Dense(DISCRIMINATOR_DENSE, kernel_initializer=dense_init("d_h2_lin"),
+                     name="d_h2_lin")(h)
     h = _batch_norm("d_bn2")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
     h = layers.Concatenate()([h, label])
-    logit = layers.Dense(1, kernel_initializer=dense_init, name="d_h3_lin")(h)
+    logit = layers.Dense(1, kernel_initializer=dense_init("d_h3_lin"),
+                         name="d_h3_lin")(h)
     return keras.Model([image, label], logit, name=name)
 
 
 def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
                     name: str = "generator") -> keras.Model:
-    """The student generator: inputs [z, one-hot label], output images in [0, 1]."""
+    """The student generator: inputs [z, one-hot label], output images in [0, 1].
+
+    Every layer's initializer has its own seed (:func:`layer_seeds`); before 2026-11 one
+    seeded initializer was shared by the two dense and by the two transposed-convolution
+    layers, which made ``g_h0_lin``'s kernel equal to the leading values of ``g_h1_lin``'s.
+    """
     if z_dim < 1:
         raise ValueError(f"z_dim must be >= 1, got {z_dim!r}")
-    dense_init = keras.initializers.RandomNormal(stddev=INIT_STDDEV, seed=seed)
-    deconv_init = keras.initializers.RandomNormal(
-        stddev=INIT_STDDEV, seed=None if seed is None else seed + 1)
+    seeds = layer_seeds(seed, GENERATOR_LAYERS)
+
+    def init(name):
+        return keras.initializers.RandomNormal(stddev=INIT_STDDEV, seed=seeds[name])
     k = shape.num_classes
     h4, w4 = shape.height // 4, shape.width // 4
     z = keras.Input((z_dim,), name="z")
     label = keras.Input((k,), name="label")
     h = layers.Concatenate()([z, label])
-    h = layers.Dense(GENERATOR_DENSE, kernel_initializer=dense_init, name="g_h0_lin")(h)
+    h = layers.Dense(GENERATOR_DENSE, kernel_initializer=init("g_h0_lin"), name="g_h0_lin")(h)
     h = layers.ReLU()(_batch_norm("g_bn0")(h))
     h = layers.Concatenate()([h, label])
-    h = layers.Dense(2 * GENERATOR_FILTERS * h4 * w4, kernel_initializer=dense_init,
+    h = layers.Dense(2 * GENERATOR_FILTERS * h4 * w4, kernel_initializer=init("g_h1_lin"),
                      name="g_h1_lin")(h)
     h = layers.ReLU()(_batch_norm("g_bn1")(h))
     h = layers.Reshape((h4, w4, 2 * GENERATOR_FILTERS))(h)
     h = ConcatLabelMaps(name="concat_y1")([h, label])
     h = layers.Conv2DTranspose(2 * GENERATOR_FILTERS, 5, strides=2, padding="same",
-                               kernel_initializer=deconv_init, name="g_h2_deconv")(h)
+                               kernel_initializer=init("g_h2_deconv"), name="g_h2_deconv")(h)
     h = layers.ReLU()(_batch_norm("g_bn2")(h))
     h = ConcatLabelMaps(name="concat_y2")([h, label])
     h = layers.Conv2DTranspose(shape.channels, 5, strides=2, padding="same",
-                               kernel_initializer=deconv_init, name="g_h3_deconv")(h)
+                               kernel_initializer=init("g_h3_deconv"), name="g_h3_deconv")(h)
     image = layers.Activation("sigmoid", name="image")(h)
     return keras.Model([z, label], image, name=name)
 

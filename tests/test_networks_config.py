@@ -280,3 +280,39 @@ def test_unknown_preset_lists_the_available_ones():
 def test_paper_preset_unknown_pair():
     with pytest.raises(ConfigError, match="available"):
         cfg.paper_preset("mnist", 5)
+
+
+# ------------------------------------------------------------ independent layer seeds
+
+def _leading_overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Fraction of a's values equal to b's leading values (the shared-seed symptom)."""
+    a, b = np.ravel(a), np.ravel(b)
+    n = min(a.size, b.size)
+    return float(np.mean(a[:n] == b[:n]))
+
+
+def test_generator_layers_are_initialised_independently(mnist_generator):
+    kernels = {layer: mnist_generator.get_layer(layer).kernel.numpy()
+               for layer in networks.GENERATOR_LAYERS}
+    # One shared seeded initializer made g_h0_lin's kernel the start of g_h1_lin's.
+    assert _leading_overlap(kernels["g_h0_lin"], kernels["g_h1_lin"]) < 0.01
+    assert _leading_overlap(kernels["g_h3_deconv"], kernels["g_h2_deconv"]) < 0.01
+    # Still reproducible from the seed.
+    again = networks.build_generator(MNIST_SHAPE, Z_DIM, seed=0)
+    np.testing.assert_array_equal(again.get_layer("g_h1_lin").kernel.numpy(),
+                                  kernels["g_h1_lin"])
+
+
+def test_discriminator_layers_are_initialised_independently():
+    model = networks.build_discriminator(MNIST_SHAPE, seed=0)
+    conv0, conv1 = (model.get_layer(n).kernel.numpy() for n in ("d_h0_conv", "d_h1_conv"))
+    dense2, dense3 = (model.get_layer(n).kernel.numpy() for n in ("d_h2_lin", "d_h3_lin"))
+    assert _leading_overlap(conv0, conv1) < 0.01
+    assert _leading_overlap(dense3, dense2) < 0.01
+
+
+def test_layer_seeds_are_distinct_and_none_stays_none():
+    seeds = networks.layer_seeds(0, networks.GENERATOR_LAYERS)
+    assert len(set(seeds.values())) == len(networks.GENERATOR_LAYERS)
+    assert all(0 <= s < 2 ** 31 for s in seeds.values())
+    assert networks.layer_seeds(None, ("a", "b")) == {"a": None, "b": None}
