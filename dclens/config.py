@@ -39,6 +39,22 @@ class ConvPath(enum.Enum):
     PER_TEACHER = "per_teacher"
 
 
+class FakeRendering(enum.Enum):
+    """How the teachers' fake batches of a generator step are rendered (paper Alg. 1).
+
+    Both give teacher i fake images G(z_j, y_ij) with y_ij the label of its j-th real
+    record; they differ in the batch-norm statistics of the generator, which runs in
+    training mode (batch statistics) as in the authors' code.
+    """
+
+    #: dclens: G(z_j, c) for every class c once, as one batch of K*B images (statistics
+    #: over K*B); cheap and shared by all teachers.
+    CLASS_GRID = "class_grid"
+    #: The authors': G(z, y_i) as one batch of the B images of each teacher (statistics over
+    #: those B); rendered once per distinct label sequence of the step.
+    TEACHER_LABELS = "teacher_labels"
+
+
 class Aggregation(enum.Enum):
     """How each teacher turns its image gradient into a vote (paper Alg. 2).
 
@@ -171,6 +187,8 @@ class TrainConfig:
       conv_path: how the teachers' convolutions run (:class:`ConvPath`; speed only).
       max_records: use only the first ``max_records`` training records (tests, demos);
         ``None`` = all.
+      fake_rendering: how the teachers' fake batches are rendered (:class:`FakeRendering`;
+        ``teacher_labels`` is the authors' way).
     """
 
     dataset: str = "fashion_mnist"
@@ -192,6 +210,7 @@ class TrainConfig:
     num_samples: int = 100_000
     max_records: int | None = None
     conv_path: ConvPath = ConvPath.AUTO
+    fake_rendering: FakeRendering = FakeRendering.CLASS_GRID
 
     def __post_init__(self) -> None:
         _require(isinstance(self.dataset, str) and self.dataset != "",
@@ -214,6 +233,9 @@ class TrainConfig:
         _require(isinstance(self.conv_path, ConvPath),
                  f"conv_path must be one of {[p.value for p in ConvPath]}, "
                  f"got {self.conv_path!r}")
+        _require(isinstance(self.fake_rendering, FakeRendering),
+                 f"fake_rendering must be one of {[r.value for r in FakeRendering]}, "
+                 f"got {self.fake_rendering!r}")
         _require(self.max_records is None
                  or (_is_int(self.max_records) and self.max_records >= 1),
                  f"max_records must be an integer >= 1 or None, got {self.max_records!r}")
@@ -267,7 +289,8 @@ class DataLensConfig:
         unknown = set(data) - {"train", "topagg", "budget"}
         _require(not unknown, f"unknown config sections: {sorted(unknown)}")
         return cls(
-            train=build(TrainConfig, data.get("train", {}), {"conv_path": ConvPath}),
+            train=build(TrainConfig, data.get("train", {}),
+                        {"conv_path": ConvPath, "fake_rendering": FakeRendering}),
             topagg=build(TopAggConfig, data.get("topagg", {}), {"method": Aggregation}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),
         )

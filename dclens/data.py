@@ -432,6 +432,37 @@ def partition(labels: np.ndarray, num_partitions: int, *, num_classes: int,
     return np.ascontiguousarray(rng.permuted(striped, axis=1), dtype=np.int64)
 
 
+def check_partitions(partitions, *, num_records: int, num_teachers: int) -> np.ndarray:
+    """Validates explicit teacher partitions; returns them as int64 [num_teachers, m].
+
+    Each row lists one teacher's record indices into a data set of ``num_records``
+    records.  The teacher ensemble's privacy rests on the rows being **disjoint** (one
+    record moves one teacher), so a record in two rows is refused, as are indices out of
+    range, ragged or empty rows and a row count other than ``num_teachers``.
+    """
+    array = np.asarray(partitions)
+    if array.ndim != 2 or array.shape[1] < 1:
+        raise ValueError(f"partitions must be a 2-D array [teachers, records per teacher], "
+                         f"got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"partitions must hold integer record indices, got dtype "
+                         f"{array.dtype}")
+    if array.shape[0] != num_teachers:
+        raise ValueError(f"partitions has {array.shape[0]} rows but the run has "
+                         f"{num_teachers} teachers; give one row per teacher")
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= num_records:
+        raise ValueError(f"partition indices must be in [0, {num_records}), got values from "
+                         f"{low} to {high}")
+    flat = np.sort(array, axis=None)
+    repeated = flat[1:][flat[1:] == flat[:-1]]
+    if repeated.size:
+        raise ValueError(f"partitions are not disjoint: record {int(repeated[0])} (and "
+                         f"{np.unique(repeated).size - 1} more) is in more than one "
+                         f"partition; one record must move only one teacher")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
 def partition_class_counts(labels: np.ndarray, parts: np.ndarray, *,
                            num_classes: int) -> np.ndarray:
     """Per-partition class histogram: int64 [num_partitions, num_classes]."""

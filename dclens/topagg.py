@@ -48,10 +48,32 @@ def _check_grads(grads: tf.Tensor, topk: int) -> tf.Tensor:
     return grads
 
 
+def topk_indices(grads: tf.Tensor, topk: int) -> tf.Tensor:
+    """The voted coordinates int32 [T, B, k] of gradients [T, B, D], in top-k order:
+    largest |g| first, ties broken by the lower index (``tf.math.top_k``)."""
+    return tf.math.top_k(tf.abs(grads), k=topk, sorted=True).indices
+
+
+def uniforms_in_topk_order(grads: tf.Tensor, coordinate_uniforms: tf.Tensor,
+                           topk: int) -> tf.Tensor:
+    """The stochastic sign's draws [T, B, k] from one draw per coordinate [T, B, D].
+
+    For an implementation that draws a uniform for every coordinate and uses those of the
+    voted ones (the authors' ``stachastic_convert2topk``): the k draws of the voted
+    coordinates, in the order :func:`summed_votes` consumes them.
+    """
+    grads = _check_grads(grads, topk)
+    coordinate_uniforms = tf.convert_to_tensor(coordinate_uniforms, tf.float32)
+    if coordinate_uniforms.shape != grads.shape:
+        raise ValueError(f"per-coordinate uniforms must have the gradients' shape "
+                         f"{grads.shape}, got {coordinate_uniforms.shape}")
+    return tf.gather(coordinate_uniforms, topk_indices(grads, topk), batch_dims=2)
+
+
 def _topk_signs(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
                 max_grad: float, method: Aggregation) -> tuple[tf.Tensor, tf.Tensor]:
     """Top-k indices [T, B, k] (int32) and their votes [T, B, k] (int32, in {-1, +1})."""
-    _, indices = tf.math.top_k(tf.abs(grads), k=topk, sorted=True)
+    indices = topk_indices(grads, topk)
     chosen = tf.clip_by_value(tf.gather(grads, indices, batch_dims=2), -max_grad, max_grad)
     scale = tf.reduce_max(tf.abs(chosen), axis=-1, keepdims=True)
     normalised = tf.math.divide_no_nan(chosen, scale)
@@ -179,16 +201,24 @@ class TopAgg:
         return tf.random.stateless_uniform((num_teachers, num_images, self.config.topk),
                                            seed=seed, dtype=tf.float32)
 
-    def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor) -> tf.Tensor:
+    def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor | None = None,
+                 uniforms: tf.Tensor | None = None) -> tf.Tensor:
         """Summed votes int32 [B, D] of a chunk of teachers' gradients [T, B, ...].
 
-        Uses the custom op when it is available (``backend="auto"``, see
-        :func:`summed_votes`).
+        The stochastic sign's draws are :meth:`uniforms` of ``seed``, or ``uniforms``
+        [T, B, k] in top-k order when given (see :mod:`dclens.draws`); the deterministic
+        sign needs neither.  Uses the custom op when it is available (``backend="auto"``,
+        see :func:`summed_votes`).
         """
         grads = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
-        uniforms = None
         if self.config.method is Aggregation.TOPK_STOCHASTIC_SIGN:
-            uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed)
+            if (seed is None) == (uniforms is None):
+                raise ValueError("the stochastic sign needs exactly one of seed= and "
+                                 "uniforms=")
+            if uniforms is None:
+                uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed)
+        else:
+            uniforms = None
         return summed_votes(grads, uniforms, topk=self.config.topk,
                             max_grad=self.config.max_grad, method=self.config.method,
                             backend=Backend.AUTO)
@@ -200,11 +230,26 @@ class TopAgg:
                                            queries=num_images)
         return dp_accounting.NonPrivateDpEvent()
 
-    def release(self, vote_sum: tf.Tensor, *, seed: tf.Tensor) -> TopAggResult:
-        """Adds N(0, sigma^2) to every coordinate of the vote sum [B, D] and thresholds."""
+    def release(self, vote_sum: tf.Tensor, *, seed: tf.Tensor | None = None,
+                noise: tf.Tensor | None = None) -> TopAggResult:
+        """Adds N(0, sigma^2) to every coordinate of the vote sum [B, D] and thresholds.
+
+        The noise is sigma times standard normal draws: those of the stateless ``seed``, or
+        ``noise`` (float32, the vote sum's shape) when given -- only for replaying another
+        implementation's draws; noise that anyone knows is no privacy.
+        """
+        if (seed is None) == (noise is None):
+            raise ValueError("release needs exactly one of seed= and noise=")
         vote_sum = tf.cast(vote_sum, tf.float32)
         num_images = int(vote_sum.shape[0])
-        noise = tf.random.stateless_normal(tf.shape(vote_sum), seed=seed, dtype=tf.float32)
+        if noise is None:
+            noise = tf.random.stateless_normal(tf.shape(vote_sum), seed=seed,
+                                               dtype=tf.float32)
+        else:
+            noise = tf.convert_to_tensor(noise, tf.float32)
+            if noise.shape != vote_sum.shape:
+                raise ValueError(f"noise must have the vote sum's shape {vote_sum.shape}, "
+                                 f"got {noise.shape}")
         update = threshold_votes(vote_sum + self.config.sigma * noise, self.threshold)
         event = self.event(num_images)
         pass_fraction = float(tf.reduce_mean(tf.abs(update)))

@@ -5,7 +5,9 @@ One *generator step* (the authors' inner iteration; with the paper configs one e
 1. z ~ U(-1, 1)^{B x z_dim}.  For the teachers' fake batches the generator renders
    G(z_j, c) for every class c once; teacher i's fake image j is G(z_j, y_ij) with y_ij
    the label of its j-th real record (the authors' choice), so no forward pass is
-   repeated per teacher.
+   repeated per teacher (``fake_rendering=teacher_labels`` renders, as the authors do,
+   one batch G(z, y_i) per distinct label sequence instead; see
+   :class:`dclens.config.FakeRendering`).
 2. Every teacher takes ``d_step`` Adam steps (``pretrain_teacher`` in the first epoch) on
    its own real batch (B records of its partition) and that fake batch.
 3. ``g_step`` times: fresh uniformly random labels y, x = G(z, y); before anything is
@@ -32,7 +34,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import keras
 import numpy as np
@@ -40,13 +42,23 @@ import tensorflow as tf
 
 from dclens import accounting, data, networks, teachers, topagg
 from dclens.bank_stream import ChunkStream
-from dclens.config import DataLensConfig
+from dclens.config import Aggregation, DataLensConfig, FakeRendering
+from dclens.draws import Draws, SeededDraws
 from dclens.fast_ensemble import FastTeacherEnsemble
 from dclens.profiling import PhaseTimer
 from dclens.rng import SeedTree, Stream
 
 #: Teacher ensemble implementations (same results within float32 round-off).
 ENSEMBLES = {"fast": FastTeacherEnsemble, "reference": teachers.TeacherEnsemble}
+
+
+class RoundObserver(Protocol):
+    """Told about every released TopAgg round (see ``DataLens(observer=...)``)."""
+
+    def round_released(self, step: int, round_index: int, images: tf.Tensor,
+                       one_hot: tf.Tensor, vote_sum: tf.Tensor,
+                       result: topagg.TopAggResult) -> None:
+        ...
 
 
 class BudgetExhausted(Exception):
@@ -122,6 +134,15 @@ class DataLens:
         are added to ``self.ledger`` and before its noise is drawn; it must make the spend
         durable (the run's write-ahead :class:`dclens.journal.PrivacyJournal`).  If it
         raises, nothing is released.
+      partitions: explicit teacher partitions, int [num_teachers, m] indices into
+        ``dataset`` (e.g. another implementation's, for a side-by-side comparison); they
+        must be disjoint (checked, :func:`dclens.data.check_partitions`).  None: the
+        config's partitioner.  Teacher i takes its batches from row i in column order.
+      draws: where every random draw of the loop comes from (:mod:`dclens.draws`); None:
+        :class:`dclens.draws.SeededDraws` of ``root_seed``.  Anything else makes the DP
+        noise known to its author: not private.
+      observer: told about every released round, after its release
+        (:class:`RoundObserver`): images, labels, the summed votes and the result.
     """
 
     def __init__(self, config: DataLensConfig, dataset: data.LabeledImages, *,
@@ -129,7 +150,10 @@ class DataLens:
                  bank_ram_bytes: int | None = None,
                  on_spend: Callable[[int, int, int], None] | None = None,
                  ensemble: str = "fast", overlap_io: bool = True,
-                 timer: PhaseTimer | None = None):
+                 timer: PhaseTimer | None = None,
+                 partitions: np.ndarray | None = None,
+                 draws: Draws | None = None,
+                 observer: RoundObserver | None = None):
         if ensemble not in ENSEMBLES:
             raise ValueError(f"unknown ensemble {ensemble!r}; use one of {sorted(ENSEMBLES)}")
         train_cfg = config.train
@@ -147,7 +171,12 @@ class DataLens:
         self.images = dataset.images
         self.labels = dataset.labels
         self.seeds = SeedTree(root_seed)
-        if train_cfg.balanced_partition:
+        self.draws = draws if draws is not None else SeededDraws(self.seeds)
+        self.observer = observer
+        if partitions is not None:
+            self.partitions = data.check_partitions(partitions, num_records=len(dataset.labels),
+                                                    num_teachers=train_cfg.num_teachers)
+        elif train_cfg.balanced_partition:
             self.partitions = data.partition(dataset.labels, train_cfg.num_teachers,
                                              num_classes=self.shape.num_classes,
                                              seed=train_cfg.partition_seed)
@@ -184,9 +213,8 @@ class DataLens:
         return tf.one_hot(labels, self.shape.num_classes, dtype=tf.float32)
 
     def latent(self, step: int) -> tf.Tensor:
-        return tf.random.stateless_uniform((self.batch, self.config.train.z_dim),
-                                           seed=self.seeds.tf_seed(Stream.LATENT, step),
-                                           minval=-1.0, maxval=1.0)
+        """z ~ U(-1, 1) of a generator step, float32 [B, z_dim]."""
+        return self.draws.latent(step, (self.batch, self.config.train.z_dim))
 
     @property
     def epoch(self) -> int:
@@ -201,18 +229,43 @@ class DataLens:
         return after.epsilon <= self.config.budget.max_eps
 
     # ------------------------------------------------------------------ teachers
+    def _slot_columns(self) -> slice:
+        """The partition columns of this step's real batches."""
+        slot = self.step % self.steps_per_epoch
+        return slice(slot * self.batch, (slot + 1) * self.batch)
+
     def teacher_fakes(self, z: tf.Tensor) -> tf.Tensor:
-        """G(z_j, c) for every class c: [K, B, H, W, C] (step 1)."""
+        """The fake images of this step's teacher batches (step 1).
+
+        ``class_grid`` (dclens): G(z_j, c) for every class c, [K, B, H, W, C], one batch of
+        K*B images; teacher i's fake j is entry (y_ij, j).  ``teacher_labels`` (the
+        authors'): G(z, y_i) as one batch of B images for every distinct label sequence
+        y_i of the teachers' real batches, [U, B, H, W, C] (batch-norm statistics over
+        those B images, as the authors' per-teacher graph computes them).
+        """
+        if self.config.train.fake_rendering is FakeRendering.TEACHER_LABELS:
+            sequences, self._fake_sequence = np.unique(
+                self.labels[self.partitions[:, self._slot_columns()]], axis=0,
+                return_inverse=True)
+            self._fake_sequence = self._fake_sequence.reshape(-1)
+            return tf.stack([self.generate(z, self.one_hot(row)) for row in sequences])
         k = self.shape.num_classes
         classes = tf.repeat(tf.range(k), self.batch)
         fakes = self.generate(tf.tile(z, [k, 1]), self.one_hot(classes))
         return tf.reshape(fakes, (k, self.batch, *fakes.shape[1:]))
 
+    def _chunk_fakes(self, fakes: tf.Tensor, start: int, real_labels: np.ndarray
+                     ) -> tf.Tensor:
+        """Teachers' fake batches [T, B, H, W, C] of a chunk from :meth:`teacher_fakes`."""
+        if self.config.train.fake_rendering is FakeRendering.TEACHER_LABELS:
+            return tf.gather(fakes, self._fake_sequence[start:start + len(real_labels)])
+        position = np.broadcast_to(np.arange(self.batch), real_labels.shape)
+        return tf.gather_nd(fakes, tf.stack([real_labels, position], axis=-1))
+
     def query(self, z: tf.Tensor, round_index: int) -> tuple[tf.Tensor, tf.Tensor]:
         """A round's fake batch: (images G(z, y) [B, H, W, C], one-hot y [B, K])."""
-        labels = tf.random.stateless_uniform(
-            (self.batch,), seed=self.seeds.tf_seed(Stream.QUERY_LABELS, self.step, round_index),
-            minval=0, maxval=self.shape.num_classes, dtype=tf.int32)
+        labels = self.draws.query_labels(self.step, round_index, self.batch,
+                                         self.shape.num_classes)
         one_hot = self.one_hot(labels)
         return self.generate(z, one_hot), one_hot
 
@@ -226,8 +279,12 @@ class DataLens:
         with self.timer.phase("image_gradients"):
             grads = self.ensemble.image_gradients(weights, images, labels)
         with self.timer.phase("voting"):
-            return self.topagg.vote_sum(grads, seed=self.seeds.tf_seed(
-                Stream.STOCHASTIC_SIGN, self.step, round_index, start))
+            uniforms = None
+            if self.config.topagg.method is Aggregation.TOPK_STOCHASTIC_SIGN:
+                flat = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
+                uniforms = self.draws.sign_uniforms(self.step, round_index, start, flat,
+                                                    self.config.topagg.topk)
+            return self.topagg.vote_sum(grads, uniforms=uniforms)
 
     def train_teachers(self, fakes: tf.Tensor,
                        query: tuple[tf.Tensor, tf.Tensor] | None = None
@@ -240,17 +297,14 @@ class DataLens:
         train_cfg = self.config.train
         num_steps = (train_cfg.pretrain_teacher
                      if self.epoch == 0 and train_cfg.pretrain_teacher > 0 else train_cfg.d_step)
-        slot = self.step % self.steps_per_epoch
-        columns = slice(slot * self.batch, (slot + 1) * self.batch)
-        position = np.arange(self.batch)
+        columns = self._slot_columns()
         losses, total = [], None
         with self._stream(with_adam=True) as stream:
             for chunk in stream:
                 records = self.partitions[chunk.start:chunk.stop, columns]
                 real = tf.constant(self.images[records])
                 real_labels = self.labels[records]
-                fake = tf.gather_nd(fakes, tf.stack(
-                    [real_labels, np.broadcast_to(position, real_labels.shape)], axis=-1))
+                fake = self._chunk_fakes(fakes, chunk.start, real_labels)
                 labels = self.one_hot(real_labels)
                 with self.timer.phase("teacher_training"):
                     state, loss = self.ensemble.train(chunk.state, real, labels, fake, labels,
@@ -273,15 +327,15 @@ class DataLens:
                 total = votes if total is None else total + votes
         return total
 
-    def noise_seed(self, round_index: int) -> tf.Tensor:
-        """The DP noise key of (noise_attempt, step, round).
+    def noise(self, round_index: int, shape: tuple[int, int]) -> tf.Tensor:
+        """The DP noise's standard normal draws of (noise_attempt, step, round).
 
         ``noise_attempt`` is raised when a run resumes after a crash that lost spends, so
         the redone steps draw *fresh* noise: re-using a lost round's noise on a vote sum
         that may differ (e.g. when resumed on another machine) would release the
         difference of the two sums without noise.
         """
-        return self.seeds.tf_seed(Stream.DP_NOISE, self.noise_attempt, self.step, round_index)
+        return self.draws.dp_noise(self.noise_attempt, self.step, round_index, shape)
 
     def student_round(self, z: tf.Tensor, round_index: int,
                       voted: tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None = None
@@ -305,7 +359,11 @@ class DataLens:
             if self.on_spend is not None:
                 self.on_spend(self.step, round_index, self.batch)
         with self.timer.phase("noise"):
-            result = self.topagg.release(vote_sum, seed=self.noise_seed(round_index))
+            result = self.topagg.release(
+                vote_sum, noise=self.noise(round_index, tuple(vote_sum.shape)))
+        if self.observer is not None:
+            self.observer.round_released(self.step, round_index, images, one_hot, vote_sum,
+                                         result)
         with self.timer.phase("student_update"):
             target = tf.stop_gradient(
                 images + self.config.train.learning_rate * tf.reshape(result.update,

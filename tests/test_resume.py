@@ -15,6 +15,7 @@ import pytest
 
 from dclens import accounting, run
 from dclens.journal import JournalError, PrivacyJournal
+from dclens.draws import SeededDraws
 from dclens.train import DataLens
 from conftest import snapshot
 from test_end_to_end import BATCH, SIGMA, TOPK, tiny_config
@@ -232,14 +233,14 @@ def test_tampered_journal_refuses_to_resume(tiny_fmnist_dir, tmp_path):
 def test_redone_steps_draw_fresh_noise(tiny_fmnist_dir, tmp_path, monkeypatch):
     """A step whose noisy release was lost is redone with new noise, never the same draw."""
     drawn = []
-    original = DataLens.noise_seed
+    original = SeededDraws.noise_seed
 
-    def recording(self, round_index):
-        seed = original(self, round_index)
-        drawn.append((self.noise_attempt, self.step, tuple(seed.numpy().tolist())))
+    def recording(self, attempt, step, round_index):
+        seed = original(self, attempt, step, round_index)
+        drawn.append((attempt, step, tuple(seed.numpy().tolist())))
         return seed
 
-    monkeypatch.setattr(DataLens, "noise_seed", recording)
+    monkeypatch.setattr(SeededDraws, "noise_seed", recording)
     out = tmp_path / "run"
     with pytest.raises(Crash):     # checkpoint after step 2; step index 2 released, then lost
         train(tiny_fmnist_dir, out, checkpoint_every=2, fault_hook=crash_at("after_step", 3))
