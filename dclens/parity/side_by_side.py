@@ -89,11 +89,13 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 #:   image gradients inherit the training's round-off and are reported beside them;
 #: * votes from the same gradients and uniforms, and the noisy update from the same vote
 #:   sums and noise, must be equal;
-#: * ``adam_movement``: weights, as a fraction of the largest distance Adam can move a
-#:   weight in the step (learning_rate x Adam steps): Adam's first steps are close to
-#:   sign steps, so a coordinate whose gradient is round-off (near-cancelling sums) may
-#:   move a little differently in the two implementations; more than this fraction is
-#:   not round-off;
+#: * weights, in units of Adam's reach in the step (learning_rate x Adam steps, about the
+#:   farthest Adam moves a weight): Adam's first steps from a zero state are close to sign
+#:   steps, so the few coordinates whose gradient is mostly round-off (near-cancelling
+#:   sums) may move differently in the two implementations, by up to a reach.  Held:
+#:   at most ``adam_outlier_fraction`` of the weights differ by more than
+#:   ``adam_outlier`` reach, and none by more than ``adam_max`` reach (a wrong learning
+#:   rate, moment or normalisation moves almost every weight);
 #: * votes and the noisy update must be equal except where the teachers' top-k sets
 #:   differ within the two implementations' measured gradient difference (a near tie at
 #:   the k-th largest |g|; :func:`explain_vote_differences`);
@@ -101,7 +103,9 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 TOLERANCES = {
     "teacher_loss": 1e-4,
     "image_gradients": 1e-4,
-    "adam_movement": 0.05,
+    "adam_outlier": 0.01,
+    "adam_outlier_fraction": 1e-3,
+    "adam_max": 1.0,
     "epsilon": 1e-9,
 }
 
@@ -641,7 +645,7 @@ def explain_vote_differences(our_grads: np.ndarray, their_grads: np.ndarray,
 
     Args: gradients [T, B, D]; vote sums [B, D].
     """
-    swapped_pairs = unexplained_pairs = 0
+    swapped_pairs = 0
     explained = np.zeros(our_votes.shape, bool)
     for t in range(our_grads.shape[0]):
         for j in range(our_grads.shape[1]):
@@ -655,13 +659,10 @@ def explain_vote_differences(our_grads: np.ndarray, their_grads: np.ndarray,
             swapped = np.array(sorted(set_a ^ set_b))
             kth = np.sort(magnitude)[-topk]
             tolerance = 2.0 * float(np.max(np.abs(a - b)))
-            if np.all(np.abs(magnitude[swapped] - kth) <= tolerance):
-                explained[j, swapped] = True
-            else:
-                unexplained_pairs += 1
+            near = np.abs(magnitude[swapped] - kth) <= tolerance
+            explained[j, swapped[near]] = True
     mismatch = our_votes != their_votes
     return {"pairs_with_different_topk": swapped_pairs,
-            "pairs_unexplained": unexplained_pairs,
             "vote_sum_mismatches": int(mismatch.sum()),
             "vote_sum_mismatches_unexplained": int((mismatch & ~explained).sum())}
 
@@ -688,9 +689,18 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
     vote_mismatch = ours.vote_sum != their_votes
     epsilon_rel = abs(ours.epsilon - theirs.epsilon) / theirs.epsilon
 
-    def movement(diffs: dict[str, dict[str, float]], steps: int) -> float:
-        held = [d["max_abs"] for n, d in diffs.items() if n not in NORMALISED_AWAY]
-        return max(held) / (config.learning_rate * steps)
+    def movement(ours_w: dict[str, np.ndarray], theirs_w: dict[str, np.ndarray],
+                 steps: int) -> dict[str, float]:
+        """Largest difference, and the fraction beyond adam_outlier, in Adam reaches."""
+        reach = config.learning_rate * steps
+        gaps = np.concatenate([np.abs(np.asarray(ours_w[n], np.float64) - theirs_w[n]).ravel()
+                               for n in ours_w if n not in NORMALISED_AWAY]) / reach
+        return {"max": float(gaps.max()),
+                "outlier_fraction": float(np.mean(gaps > TOLERANCES["adam_outlier"]))}
+
+    def within(moved: dict[str, float]) -> bool:
+        return (moved["max"] <= TOLERANCES["adam_max"]
+                and moved["outlier_fraction"] <= TOLERANCES["adam_outlier_fraction"])
 
     same_input = {
         "image_gradients": difference(ours.image_gradients_their_weights, their_grads),
@@ -705,20 +715,21 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
         "teacher_adam_steps": adam_steps,
         "teacher_loss": difference(ours.teacher_loss, theirs.teacher_loss),
         "teacher_weights": teacher,
-        "teacher_movement": movement(teacher, adam_steps),
+        "teacher_movement": movement(ours.teacher_weights, theirs.teacher_weights,
+                                     adam_steps),
         "image_gradients": difference(ours.image_gradients, their_grads),
         "votes": votes,
         "vote_sum_abs_total": int(np.abs(their_votes).sum()),
         "noisy_update_mismatches": int(update_mismatch.sum()),
         "noisy_update_passed": float(np.mean(np.abs(ours.noisy_update))),
         "generator_weights": generator,
-        "generator_movement": movement(generator, 1),
+        "generator_movement": movement(ours.generator_weights, theirs.generator_weights, 1),
         "epsilon": {"ours": ours.epsilon, "theirs": theirs.epsilon, "rel": epsilon_rel},
     }
     same_update = not update_mismatch.any()
     row["checks"] = {
         "teacher_loss": row["teacher_loss"]["max_rel"] <= TOLERANCES["teacher_loss"],
-        "teacher_weights": row["teacher_movement"] <= TOLERANCES["adam_movement"],
+        "teacher_weights": within(row["teacher_movement"]),
         "image_gradients": (same_input["image_gradients"]["max_rel"]
                             <= TOLERANCES["image_gradients"]),
         "votes_same_gradients": same_input["vote_sum_mismatches"] == 0,
@@ -727,8 +738,7 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
         # The same noise on the same sums: an update may differ only where the sums do.
         "noisy_update": not (update_mismatch & ~vote_mismatch).any(),
         # With different updates the generators legitimately differ; compared otherwise.
-        "generator_weights": (row["generator_movement"] <= TOLERANCES["adam_movement"]
-                              if same_update else True),
+        "generator_weights": within(row["generator_movement"]) if same_update else True,
         "epsilon": epsilon_rel <= TOLERANCES["epsilon"],
     }
     row["generator_compared"] = same_update
@@ -819,13 +829,14 @@ def format_row(row: dict[str, Any]) -> str:
     failed = [name for name, ok in row["checks"].items() if not ok]
     votes = row["votes"]
     return (f"step {row['step']} (epoch {row['epoch']}): loss {row['teacher_loss']['max_rel']:.1e}"
-            f"  teachers {row['teacher_movement']:.1e} of Adam's reach"
+            f"  teachers {row['teacher_movement']['max']:.1e} reach"
+            f" ({row['teacher_movement']['outlier_fraction']:.0e} beyond 0.01)"
             f"  image grads {row['same_inputs']['image_gradients']['max_rel']:.1e}"
             f" (run: {row['image_gradients']['max_rel']:.1e})"
             f"  votes differ {votes['vote_sum_mismatches']}"
             f" ({votes['vote_sum_mismatches_unexplained']} unexplained)"
             f"  update differs {row['noisy_update_mismatches']}"
-            f"  generator {row['generator_movement']:.1e}"
+            f"  generator {row['generator_movement']['max']:.1e} reach"
             f"{'' if row['generator_compared'] else ' (not compared)'}"
             f"  eps {row['epsilon']['ours']:.6f}/{row['epsilon']['theirs']:.6f}  "
             + ("AGREE" if row["agree"] else f"DISAGREE ({', '.join(failed)})"))
