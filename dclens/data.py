@@ -362,9 +362,91 @@ def _load_celeba_image(path: Path, size: int) -> np.ndarray:
                         f"re-extract img_align_celeba") from exc
 
 
+#: The authors' preprocessed CelebA pickles (their model.py ``load_batch_celebA_gender`` /
+#: ``load_batch_celebA_hair``): split -> (image chunk patterns, label files).  Their
+#: "train" reads their train and val pickles (they train on both).
+AUTHORS_CELEBA_FILES = {
+    "gender": {"train": (["celebA-trn-x-lg-ups-{i}.pkl", "celebA-val-x-lg-ups-{i}.pkl"],
+                         ["celebA-trn-gender-lg-ups.pkl", "celebA-val-gender-lg-ups.pkl"]),
+               "val": (["celebA-val-x-lg-ups-{i}.pkl"], ["celebA-val-gender-lg-ups.pkl"]),
+               "test": (["celebA-tst-x.pkl"], ["celebA-tst-gender.pkl"])},
+    "hair": {"train": (["celeb-trn-ups-hair-x-{i}.pkl", "celeb-val-ups-hair-x-{i}.pkl"],
+                       ["celeb-trn-ups-hair-y.pkl", "celeb-val-ups-hair-y.pkl"]),
+             "val": (["celeb-val-ups-hair-x-{i}.pkl"], ["celeb-val-ups-hair-y.pkl"]),
+             "test": (["celeb-tst-ups-hair-x.pkl"], ["celeb-tst-ups-hair-y.pkl"])},
+}
+
+
+def _authors_celeba_root(data_dir: str | os.PathLike | None, spec: DatasetSpec
+                         ) -> tuple[Path, str, str] | None:
+    """(folder, task, split) if ``data_dir`` (or its celebA/) holds the authors' pickles
+    for ``spec``'s task, else None."""
+    if data_dir is None:
+        return None
+    task, split = spec.name.split("-")[1], spec.name.rsplit("-", 1)[1]
+    first = AUTHORS_CELEBA_FILES[task]["val"][1][0]
+    for root in (Path(data_dir), Path(data_dir) / "celebA"):
+        if (root / first).is_file():
+            return root, task, split
+    return None
+
+
+def _read_trusted_pickle(path: Path) -> np.ndarray:
+    """One joblib/pickle array of the authors' layout (pickles can run code: trusted files
+    only)."""
+    import joblib
+
+    try:
+        return np.asarray(joblib.load(path))
+    except Exception as error:
+        raise DataError(f"cannot read {path} as the authors' joblib pickle: "
+                        f"{type(error).__name__}: {error}") from error
+
+
+def _load_authors_celeba(spec: DatasetSpec, root: Path, task: str, split: str,
+                         limit: int | None) -> LabeledImages:
+    """CelebA from the authors' preprocessed pickles: images [N, 64, 64, 3] in [0, 1] or
+    [0, 255] (scaled to [0, 1]) in numbered chunks, labels as class indices."""
+    if split not in AUTHORS_CELEBA_FILES[task]:
+        raise DataError(f"{spec.name!r}: the authors' CelebA pickles have the splits "
+                        f"{sorted(AUTHORS_CELEBA_FILES[task])}, not {split!r}")
+    patterns, label_files = AUTHORS_CELEBA_FILES[task][split]
+    chunks = []
+    for pattern in patterns:
+        paths = [root / pattern] if "{i}" not in pattern else []
+        i = 0
+        while "{i}" in pattern and (root / pattern.format(i=i)).is_file():
+            paths.append(root / pattern.format(i=i))
+            i += 1
+        if not paths or not paths[0].is_file():
+            raise DataError(f"{root / pattern.format(i=0)} not found: the authors' "
+                            f"{spec.name} pickles are incomplete in {root}")
+        chunks.extend(_read_trusted_pickle(path) for path in paths)
+    images = np.concatenate(chunks).astype(np.float32)
+    labels = np.concatenate([_read_trusted_pickle(root / f).reshape(-1)
+                             for f in label_files]).astype(np.int64)
+    if images.shape[1:] != (spec.height, spec.width, spec.channels):
+        raise DataError(f"the authors' {spec.name} images in {root} have shape "
+                        f"{images.shape[1:]}, expected {(spec.height, spec.width, spec.channels)}")
+    if len(images) != len(labels):
+        raise DataError(f"the authors' {spec.name} pickles in {root} hold {len(images)} "
+                        f"images but {len(labels)} labels")
+    if images.size and images.max() > 1.0:
+        images /= 255.0
+    if images.size and (images.min() < 0.0 or images.max() > 1.0):
+        raise DataError(f"the authors' {spec.name} images in {root} are outside [0, 255]")
+    labels = _check_labels(labels, spec.num_classes)
+    return LabeledImages(images[:limit], labels[:limit], spec,
+                         f"{root} (the authors' {task} pickles, {split})")
+
+
 def _load_celeba(spec: DatasetSpec, data_dir: str | os.PathLike | None,
                  limit: int | None, progress: bool) -> LabeledImages:
-    """Load celebA-gender-<split> / celebA-hair-<split> from the official layout."""
+    """Load celebA-gender-<split> / celebA-hair-<split>: the authors' preprocessed pickles
+    when ``data_dir`` holds them, else the official layout."""
+    authors = _authors_celeba_root(data_dir, spec)
+    if authors is not None:
+        return _load_authors_celeba(spec, *authors, limit)
     root = _celeba_root(data_dir, spec.name)
     image_dir = root / "img_align_celeba"
     if (image_dir / "img_align_celeba").is_dir():  # zip extracted one level deeper

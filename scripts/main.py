@@ -105,7 +105,8 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "orders": "budget.max_order", "conversion": "budget.conversion",
                "partition_seed": "train.partition_seed", "teacher_chunk": "train.teacher_chunk",
                "num_samples": "train.num_samples", "shuffle": "train.balanced_partition",
-               "non_private": "train.non_private", "conv_path": "train.conv_path"}
+               "non_private": "train.non_private", "conv_path": "train.conv_path",
+               "fake_rendering": "train.fake_rendering"}
 
 
 def _field(config: cfg.DataLensConfig, dotted: str):
@@ -164,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
         " [default: demo without --dataset, else authors]")
-    add("--dataset", help="mnist, fashion_mnist, celebA-gender-<split>, celebA-hair-<split>")
+    add("--dataset", help="mnist, fashion_mnist, celebA-gender-<split>, celebA-hair-<split>; "
+        "celebA = celebA-gender-train")
     add("--data_dir", help="data root (authors' layout <data_dir>/<dataset>/...); default: "
         "/usr/share/datasets/fashion-mnist for fashion_mnist")
     add("--checkpoint_dir", help="output directory (default: runs/demo for the demo, "
@@ -204,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--conv_path", choices=[p.value for p in cfg.ConvPath],
         help="how the teachers' convolutions run (speed only, same math): auto picks the "
         "fastest that works on this CPU")
+    add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering],
+        help="the teachers' fake batches: class_grid renders each class once per step "
+        "(K*B images); teacher_labels renders G(z, y_i) per teacher label sequence as the "
+        "authors do (batch-norm statistics over B images)")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (one is also written at the end) [default: 10]")
     for name in BOOLEAN_FLAGS:
@@ -248,6 +254,10 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
     if args.pretrain:
         raise CliError("--pretrain (load a pretrained generator) is not implemented; the "
                        "generator always starts from scratch (the authors' --nopretrain)")
+    if args.dataset == "celebA":
+        print("note: --dataset celebA is read as celebA-gender-train (CelebA-Gender, the "
+              "training split), as in the authors' commands")
+        args.dataset = "celebA-gender-train"
     preset_name, base = _choose_preset(args)
     train, topagg, budget = {}, {}, {}
     if args.dataset is not None:
@@ -258,10 +268,14 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
                "seed": "seed", "partition_seed": "partition_seed",
                "teacher_chunk": "teacher_chunk", "num_samples": "num_samples",
                "max_records": "max_records", "shuffle": "balanced_partition",
-               "non_private": "non_private", "conv_path": "conv_path"}
+               "non_private": "non_private"}
     for flag, field in mapping.items():
         if getattr(args, flag) is not None:
             train[field] = getattr(args, flag)
+    if args.conv_path is not None:
+        train["conv_path"] = cfg.ConvPath(args.conv_path)
+    if args.fake_rendering is not None:
+        train["fake_rendering"] = cfg.FakeRendering(args.fake_rendering)
     if args.batch_teachers is not None or args.teachers_batch is not None:
         per_batch = args.batch_teachers if args.batch_teachers is not None else 1
         batches = args.teachers_batch if args.teachers_batch is not None else 1

@@ -333,3 +333,19 @@ def test_help_gives_every_flag_a_line_and_its_effective_default(capsys):
     assert f"[demo: {demo.train.num_teachers} teachers in all; with --dataset: 1]" in out
     assert "--checkpoint_every CHECKPOINT_EVERY generator steps between checkpoints" in out
     assert "[default: 10]" in out
+
+
+def test_enum_flags_resolve_to_their_enums():
+    """--conv_path and --fake_rendering reach the config as enums (a string was refused)."""
+    _, config, _, _ = resolve("--conv_path", "per_teacher", "--fake_rendering",
+                              "teacher_labels")
+    assert config.train.conv_path is cfg.ConvPath.PER_TEACHER
+    assert config.train.fake_rendering is cfg.FakeRendering.TEACHER_LABELS
+    _, default, _, _ = resolve()
+    assert default.train.fake_rendering is cfg.FakeRendering.CLASS_GRID
+
+
+def test_dataset_celeba_is_celeba_gender_with_a_note(capsys):
+    _, config, _, _ = resolve("--dataset", "celebA")
+    assert config.train.dataset == "celebA-gender-train"
+    assert "celebA-gender-train" in capsys.readouterr().out

@@ -467,3 +467,54 @@ def test_import_is_cheap() -> None:
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=Path(__file__).resolve().parents[1])
+
+
+# ------------------------------------------------------- the authors' CelebA pickles
+def _write_authors_gender(folder, rng):
+    import joblib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = {"celebA-trn-x-lg-ups-0.pkl": 3, "celebA-trn-x-lg-ups-1.pkl": 2,
+             "celebA-val-x-lg-ups-0.pkl": 2, "celebA-tst-x.pkl": 1}
+    images = {}
+    for name, count in parts.items():
+        images[name] = rng.integers(0, 256, size=(count, 64, 64, 3)).astype(np.float64)
+        joblib.dump(images[name], folder / name)
+    labels = {"celebA-trn-gender-lg-ups.pkl": np.array([0, 1, 1, 0, 1]),
+              "celebA-val-gender-lg-ups.pkl": np.array([1, 0]),
+              "celebA-tst-gender.pkl": np.array([1])}
+    for name, value in labels.items():
+        joblib.dump(value, folder / name)
+    return images, labels
+
+
+def test_authors_celeba_pickles_are_read_as_their_loader_does(tmp_path):
+    images, labels = _write_authors_gender(tmp_path / "celebA", np.random.default_rng(0))
+    train = data.load_dataset("celebA-gender-train", tmp_path)
+    want = np.concatenate([images["celebA-trn-x-lg-ups-0.pkl"],
+                           images["celebA-trn-x-lg-ups-1.pkl"],
+                           images["celebA-val-x-lg-ups-0.pkl"]]) / 255.0
+    np.testing.assert_allclose(train.images, want.astype(np.float32), rtol=1e-6)
+    np.testing.assert_array_equal(train.labels, [0, 1, 1, 0, 1, 1, 0])
+    assert "authors' gender pickles" in train.source
+    val = data.load_dataset("celebA-gender-val", tmp_path)
+    assert len(val) == 2 and list(val.labels) == [1, 0]
+    test = data.load_dataset("celebA-gender-test", tmp_path, limit=1)
+    assert test.images.shape == (1, 64, 64, 3) and test.images.max() <= 1.0
+    with pytest.raises(data.DataError, match="splits"):
+        data.load_dataset("celebA-gender-all", tmp_path)
+
+
+def test_authors_celeba_pickles_refuse_incomplete_or_wrong_files(tmp_path):
+    import joblib
+
+    _write_authors_gender(tmp_path, np.random.default_rng(1))
+    (tmp_path / "celebA-tst-x.pkl").unlink()
+    with pytest.raises(data.DataError, match="celebA-tst-x.pkl not found"):
+        data.load_dataset("celebA-gender-test", tmp_path)
+    joblib.dump(np.zeros((2, 32, 32, 3)), tmp_path / "celebA-val-x-lg-ups-0.pkl")
+    with pytest.raises(data.DataError, match=r"shape \(32, 32, 3\)"):
+        data.load_dataset("celebA-gender-val", tmp_path)
+    joblib.dump(np.zeros((3, 64, 64, 3)), tmp_path / "celebA-val-x-lg-ups-0.pkl")
+    with pytest.raises(data.DataError, match="3 images but 2 labels"):
+        data.load_dataset("celebA-gender-val", tmp_path)
