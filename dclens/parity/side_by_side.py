@@ -44,13 +44,12 @@ import math
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
-from dclens import accounting, data, networks, topagg
+from dclens import data, topagg
 from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
                            TopAggConfig, TrainConfig)
 from dclens.parity import tf1_compat
@@ -298,9 +297,8 @@ class NumpyDrawRecorder:
 class ReplayDraws:
     """dclens' :class:`dclens.draws.Draws` that replays the authors' recorded draws."""
 
-    def __init__(self, steps: list[TheirStep], topk: int):
+    def __init__(self, steps: list[TheirStep]):
         self.steps = steps
-        self.topk = topk
 
     def _step(self, step: int) -> TheirStep:
         if step >= len(self.steps):
@@ -769,7 +767,7 @@ def run_side_by_side(config: SideBySideConfig, authors_repo: str | os.PathLike, 
             tf1_compat.load_authors_code(repo) as code:
         partitions = _their_partitions(code, labels, one_hot, config.teachers)
         lens_ref: list = []
-        draws = ReplayDraws([], config.topk)
+        draws = ReplayDraws([])
         observer = _Observer(lens_ref, draws.steps)
         lens = DataLens(config.dclens_config(), dataset, root_seed=config.seed,
                         partitions=partitions, draws=draws, observer=observer,
