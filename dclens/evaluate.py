@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from dclens import classifiers, data, export
+from dclens import authors_protocol, classifiers, data, export
 from dclens import quality as quality_scores
 
 PROTOCOLS = {
@@ -52,6 +52,8 @@ PROTOCOLS = {
             "the synthetic data (no test-set selection)"),
     "sen": ("best real-test accuracy over all epochs (the authors' protocol: selects on the "
             "test set, optimistic)"),
+    "authors": ("the authors' evaluation script exactly: --range pickles in a 100,000-row "
+                "zero array, SGD 600 epochs, best test accuracy (selects on the test set)"),
 }
 HEADLINE = "val"
 SAMPLES_FILE = "samples.npz"
@@ -83,6 +85,8 @@ class EvalSettings:
         this number, compare only equal counts.
       domain: how the domain classifier is trained (part of its cache key).
       official: the schedule is the authors' (recorded, for the report).
+      authors: also run the authors' evaluation script's protocol
+        (:mod:`dclens.authors_protocol`) with these settings; None: not run.
     """
 
     schedule: classifiers.Schedule = classifiers.DEFAULT_SCHEDULE
@@ -95,6 +99,7 @@ class EvalSettings:
     quality_samples: int = 10_000
     domain: quality_scores.DomainSettings = quality_scores.DomainSettings()
     official: bool = False
+    authors: authors_protocol.AuthorsProtocol | None = None
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -125,6 +130,7 @@ class EvalSettings:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["schedule"] = self.schedule.to_dict()
         values["domain"] = self.domain.to_dict()
+        values["authors"] = None if self.authors is None else self.authors.to_dict()
         return values
 
     def seeds(self) -> dict[str, int]:
@@ -426,6 +432,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
             "--no_quality skips it")
     seeds = settings.seeds()
     given = len(synthetic)
+    as_given = synthetic              # the authors' protocol reads the first samples given
     synthetic = _subset(synthetic, settings.max_samples, seeds["subset"])
     warnings = _warnings_for(synthetic)
     for warning in warnings:
@@ -474,6 +481,19 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     log(f"accuracy on the real test set: val protocol {protocols['val']['accuracy']:.4f} "
         f"(epoch {protocols['val']['epoch']}), sen protocol "
         f"{protocols['sen']['accuracy']:.4f} (epoch {protocols['sen']['epoch']})")
+
+    if settings.authors is not None:
+        log(f"authors protocol: {settings.authors.epochs} epochs of SGD over the first "
+            f"{settings.authors.real_rows} samples in a {settings.authors.rows}-row zero array")
+        authors = authors_protocol.train_authors_protocol(
+            as_given, test, settings.authors, seed=seeds["init"], log=log)
+        protocols["authors"] = {key: authors[key] for key in
+                                ("accuracy", "epoch", "settings", "authors_settings", "path",
+                                 "seconds")}
+        protocols["authors"]["description"] = authors["description"]
+        protocols["authors"]["curve"] = authors["curves"]
+        log(f"authors protocol: {authors['accuracy']:.4f} (epoch {authors['epoch']}, "
+            f"{authors['seconds']:.0f} s)")
 
     quality_result = None
     if settings.quality:
@@ -592,6 +612,13 @@ def plot_curves(record: dict, path: str | os.PathLike, *, title: str = "") -> No
                  label=f"val protocol: {val['accuracy']:.4f} (epoch {val['epoch']})")
     axes.axvline(sen["epoch"], color="tab:red", linestyle=":",
                  label=f"sen protocol: {sen['accuracy']:.4f} (epoch {sen['epoch']})")
+    if "authors" in record["protocols"]:
+        authors = record["protocols"]["authors"]
+        axes.plot(authors["curve"]["epoch"], authors["curve"]["test_accuracy"],
+                  color="tab:green", linewidth=0.8,
+                  label=f"real test (authors protocol, range "
+                        f"{authors['settings']['range']}): best {authors['accuracy']:.4f} "
+                        f"(epoch {authors['epoch']})")
     axes.set_xlabel("epoch")
     axes.set_ylabel("accuracy")
     axes.xaxis.get_major_locator().set_params(integer=True)
@@ -621,7 +648,11 @@ def summary_line(record: dict) -> str:
     """One line with both protocols and the quality scores."""
     p = record["protocols"]
     text = (f"{record['dataset']}: val {p['val']['accuracy']:.4f} (headline) | "
-            f"sen {p['sen']['accuracy']:.4f} | {record['input']['samples']} samples")
+            f"sen {p['sen']['accuracy']:.4f}")
+    if "authors" in p:
+        text += (f" | authors (range {p['authors']['settings']['range']}) "
+                 f"{p['authors']['accuracy']:.4f}")
+    text += f" | {record['input']['samples']} samples"
     if record.get("quality"):
         q = record["quality"]
         text += (f" | domain IS {q['inception_score']:.3f} (real "

@@ -1,0 +1,107 @@
+"""The authors' evaluation protocol (dclens/authors_protocol.py): the fast path that skips
+the zero rows follows the literal 100,000-row path (here scaled down), and the zero rows
+really scale every step down (a run without them differs)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dclens import authors_protocol, data
+
+SPEC = data.dataset_spec("fashion_mnist")
+
+
+def _labeled(n, seed):
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % 10
+    images = rng.uniform(0, 0.3, size=(n, 28, 28, 1)).astype(np.float32)
+    for i, label in enumerate(labels):
+        images[i, 2 * label + 2:2 * label + 6, 4:24, 0] = 0.9
+    return data.LabeledImages(images, labels.astype(np.int64), SPEC, "synthetic")
+
+
+SMALL = authors_protocol.AuthorsProtocol(range=1, rows_per_pickle=60, rows=300,
+                                         batch_size=32, epochs=3, learning_rate=0.05)
+
+
+def test_fast_path_equals_the_literal_zero_row_array():
+    synthetic, test = _labeled(100, 0), _labeled(40, 1)
+    fast = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                   return_weights=True)
+    literal = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                      literal=True, return_weights=True)
+    for a, b in zip(fast["weights"], literal["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)   # float32 summation order
+    np.testing.assert_allclose(fast["curves"]["test_accuracy"],
+                               literal["curves"]["test_accuracy"], atol=1 / 40 + 1e-9)
+    np.testing.assert_allclose(fast["curves"]["loss"], literal["curves"]["loss"], rtol=1e-4)
+    # Training moved the weights (the comparison is not of two untouched models).
+    untouched = authors_protocol.train_authors_protocol(
+        synthetic, test, dataclasses.replace(SMALL, epochs=1, learning_rate=1e-12), seed=3,
+        return_weights=True)
+    assert max(np.max(np.abs(a - b)) for a, b in
+               zip(fast["weights"], untouched["weights"])) > 1e-3
+
+
+def test_zero_rows_scale_the_steps_down():
+    """Without the zero rows (same real rows, batches of real rows only), training differs:
+    the denominator of the authors' batches is what the fast path must keep."""
+    synthetic, test = _labeled(100, 0), _labeled(40, 1)
+    with_zeros = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                         return_weights=True)
+    no_zeros = authors_protocol.train_authors_protocol(
+        synthetic, test, dataclasses.replace(SMALL, rows=60), seed=3, return_weights=True)
+    gap = max(np.max(np.abs(a - b)) for a, b in
+              zip(with_zeros["weights"], no_zeros["weights"]))
+    assert gap > 1e-3
+
+
+def test_range_reads_the_first_pickles_and_is_checked():
+    synthetic = _labeled(100, 0)
+    images, one_hot = authors_protocol.authors_rows(synthetic, SMALL)
+    np.testing.assert_array_equal(images, synthetic.images[:60])
+    np.testing.assert_array_equal(one_hot.argmax(1), synthetic.labels[:60])
+    with pytest.raises(ValueError, match="reads 120 samples but only 100"):
+        authors_protocol.authors_rows(synthetic, dataclasses.replace(SMALL, range=2))
+    with pytest.raises(ValueError, match="exceeds the 300 rows"):
+        dataclasses.replace(SMALL, range=6)
+    assert authors_protocol.AuthorsProtocol(range=10).is_authors
+    assert not SMALL.is_authors
+
+
+def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
+    from dclens import classifiers, evaluate
+
+    synthetic, test = _labeled(100, 0), _labeled(40, 1)
+    settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
+                                     quality=False, authors=SMALL)
+    record = evaluate.evaluate(synthetic, test, settings, log=lambda line: None)
+    assert set(record["protocols"]) == {"val", "sen", "authors"}
+    authors = record["protocols"]["authors"]
+    assert authors["accuracy"] == max(authors["curve"]["test_accuracy"])
+    assert authors["settings"]["range"] == 1 and not authors["authors_settings"]
+    assert record["headline"] == "val"
+    assert "authors (range 1)" in evaluate.summary_line(record)
+    paths = evaluate.write_outputs(record, tmp_path)
+    assert (tmp_path / "evaluation.png").stat().st_size > 0 and paths["json"]
+
+
+def test_cli_flags_build_the_authors_protocol():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("evaluate_cli", path)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    parse = cli.build_parser().parse_args
+    settings = cli.settings_from_args(parse(["x", "--protocol", "authors", "--range", "10"]),
+                                      "fashion_mnist")
+    assert settings.authors == authors_protocol.AuthorsProtocol(range=10)
+    quick = cli.settings_from_args(parse(["x", "--protocol", "authors", "--authors_epochs",
+                                          "5"]), "fashion_mnist")
+    assert quick.authors.epochs == 5 and not quick.authors.is_authors
+    assert cli.settings_from_args(parse(["x"]), "fashion_mnist").authors is None
+    with pytest.raises(ValueError, match="need --protocol authors"):
+        cli.settings_from_args(parse(["x", "--range", "2"]), "fashion_mnist")
