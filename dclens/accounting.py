@@ -215,6 +215,18 @@ def topagg_event(*, sigma: float, topk: int, queries: int = 1) -> dp_accounting.
     return dp_accounting.SelfComposedDpEvent(event=event, count=queries)
 
 
+def gaussian_queries_event(*, noise_multiplier: float, queries: int = 1
+                           ) -> dp_accounting.DpEvent:
+    """``queries`` adaptively composed Gaussian mechanisms with ``noise_multiplier``
+    (noise std / L2 sensitivity): any aggregation of :class:`dclens.config.Aggregation`."""
+    z = _check_noise_multiplier(noise_multiplier)
+    queries = _check_int("queries", queries, minimum=0,
+                         hint="it counts aggregation calls, one per fake image")
+    event = dp_accounting.GaussianDpEvent(noise_multiplier=z)
+    return event if queries == 1 else dp_accounting.SelfComposedDpEvent(event=event,
+                                                                        count=queries)
+
+
 def _gaussian_runs(event: Any, multiplier: int = 1) -> list[tuple[float, int]]:
     """Flattens Gaussian / SelfComposed / Composed events into (noise_multiplier, count)."""
     if isinstance(event, dp_accounting.GaussianDpEvent):
@@ -436,6 +448,14 @@ class PrivacyLedger:
                              hint="it counts TopAgg calls, one per fake image")
         runs = list(self._runs)
         _append_run(runs, z, queries)
+        return _report(runs, orders=self._orders, delta=self._delta,
+                       conversion=self._conversion)
+
+    def epsilon_after_event(self, event: dp_accounting.DpEvent) -> EpsilonReport:
+        """What :meth:`epsilon` would report after ``spend(event)``, without spending."""
+        runs = list(self._runs)
+        for z, count in _gaussian_runs(event):
+            _append_run(runs, z, count)
         return _report(runs, orders=self._orders, delta=self._delta,
                        conversion=self._conversion)
 

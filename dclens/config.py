@@ -56,17 +56,38 @@ class FakeRendering(enum.Enum):
 
 
 class Aggregation(enum.Enum):
-    """How each teacher turns its image gradient into a vote (paper Alg. 2).
+    """How the teachers' image gradients are compressed, summed and released.
 
-    Both keep exactly ``topk`` coordinates per teacher and image, with votes in {-1, +1},
-    so the L2 sensitivity of the summed votes is 2*sqrt(topk) for either.
+    The paper's TopAgg and the variants of its ablations (Table 7) and comparisons (Tables
+    5-6).  Each mechanism's L2 sensitivity -- the most one teacher can move the summed
+    statistic that gets the noise -- is stated here and enforced by construction in
+    :mod:`dclens.topagg` (D = image dimension, k = ``topk``, L = ``klevel``).
     """
 
-    #: The paper's method (authors' ``--signsgd --stochastic``): vote +1 with probability
-    #: (1 + g) / 2 where g is the clipped, L-inf-normalised gradient coordinate.
+    #: The paper's method (authors' ``--signsgd --stochastic``): on its top-k coordinates a
+    #: teacher votes +1 with probability (1 + g) / 2 where g is the clipped,
+    #: L-inf-normalised gradient coordinate, else -1; threshold at +-beta N.
+    #: Sensitivity 2 sqrt(k).
     TOPK_STOCHASTIC_SIGN = "topk_stochastic_sign"
-    #: Deterministic sign of the top-k coordinates (authors' ``--signsgd`` alone).
+    #: Deterministic sign of the top-k coordinates (authors' ``--signsgd`` alone; Table 7
+    #: "- stochastic quantization").  Sensitivity 2 sqrt(k).
     TOPK_SIGN = "topk_sign"
+    #: The stochastic sign on all D coordinates (Table 7 "- top-k").  Sensitivity 2 sqrt(D).
+    NO_TOPK = "no_topk"
+    #: Top-k stochastic sign without the threshold: the released update is the noisy vote
+    #: sum divided by k (authors' ``--signsgd_nothresh``).  Sensitivity 2 sqrt(k).  (The
+    #: paper's Table 7 "- threshold" column equals its beta = 0 column: ``thresh=0``.)
+    NO_THRESHOLD = "no_threshold"
+    #: D2P-Fed (paper Alg. 5-6; authors' ``--klevelsgd --klevel L``): every coordinate
+    #: stochastically quantised to L levels {-L/2, ..., L/2 - 1} over [-c, c], no top-k,
+    #: no rotation (commented out in the authors' code, so not in the paper's numbers);
+    #: summed, noised, thresholded.  Sensitivity (L - 1) sqrt(D).
+    KLEVEL = "klevel"
+
+
+#: Methods that vote on the top-k coordinates only.
+TOPK_METHODS = frozenset({Aggregation.TOPK_STOCHASTIC_SIGN, Aggregation.TOPK_SIGN,
+                          Aggregation.NO_THRESHOLD})
 
 
 def _require(condition: bool, message: str) -> None:
@@ -97,6 +118,8 @@ class TopAggConfig:
       max_grad: c, the clip bound applied to gradient coordinates before L-inf
         normalisation (1e-5 in every paper run).
       method: see :class:`Aggregation`.
+      klevel: L, the number of quantisation levels of ``Aggregation.KLEVEL`` (authors'
+        ``--klevel``, default 4).
     """
 
     topk: int = 200
@@ -104,6 +127,7 @@ class TopAggConfig:
     thresh: float = 0.9
     max_grad: float = 1e-5
     method: Aggregation = Aggregation.TOPK_STOCHASTIC_SIGN
+    klevel: int = 4
 
     def __post_init__(self) -> None:
         _require(_is_int(self.topk) and self.topk >= 1,
@@ -116,11 +140,20 @@ class TopAggConfig:
                  f"max_grad must be > 0 (the paper uses 1e-5), got {self.max_grad!r}")
         _require(isinstance(self.method, Aggregation),
                  f"method must be an Aggregation, got {self.method!r}")
+        _require(_is_int(self.klevel) and self.klevel >= 2,
+                 f"klevel must be an integer >= 2 (quantisation levels), got {self.klevel!r}")
 
-    @property
-    def noise_multiplier(self) -> float:
-        """sigma / (2*sqrt(k)): noise in units of the L2 sensitivity of one call."""
-        return self.sigma / (2.0 * math.sqrt(self.topk))
+    def sensitivity(self, dim: int) -> float:
+        """L2 sensitivity of one call's summed statistic for images of ``dim`` values."""
+        if self.method in TOPK_METHODS:
+            return 2.0 * math.sqrt(self.topk)
+        if self.method is Aggregation.NO_TOPK:
+            return 2.0 * math.sqrt(dim)
+        return (self.klevel - 1) * math.sqrt(dim)
+
+    def noise_multiplier(self, dim: int) -> float:
+        """sigma / sensitivity: noise in units of the L2 sensitivity of one call."""
+        return self.sigma / self.sensitivity(dim)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,10 +5,12 @@
 
 * ``latent(step, shape)``: z ~ U(-1, 1), float32 [B, z_dim];
 * ``query_labels(step, round_index, batch, num_classes)``: the query batch's labels, int32 [B];
-* ``sign_uniforms(step, round_index, first_teacher, grads, topk)``: the stochastic sign's
-  U[0, 1) draws, float32 [T, B, k], one per voted coordinate *in top-k order* (largest |g|
-  first, as :func:`dclens.topagg.topk_indices`), for the chunk of teachers that starts at
-  ``first_teacher`` (``grads`` float32 [T, B, D] is that chunk's gradients);
+* ``sign_uniforms(step, round_index, first_teacher, grads, count)``: the aggregation's
+  U[0, 1) draws, float32 [T, B, count] (:meth:`dclens.topagg.TopAgg.uniform_count`): for the
+  stochastic sign one per voted coordinate *in top-k order* (largest |g| first, as
+  :func:`dclens.topagg.topk_indices`), for k-level quantisation one per coordinate; for
+  the chunk of teachers that starts at ``first_teacher`` (``grads`` float32 [T, B, D] is
+  that chunk's gradients);
 * ``dp_noise(attempt, step, round_index, shape)``: standard normal draws, float32 [B, D]; the
   released vote is ``vote_sum + sigma * dp_noise``.
 
@@ -41,7 +43,7 @@ class Draws(Protocol):
         ...
 
     def sign_uniforms(self, step: int, round_index: int, first_teacher: int,
-                      grads: tf.Tensor, topk: int) -> tf.Tensor:
+                      grads: tf.Tensor, count: int) -> tf.Tensor:
         ...
 
     def dp_noise(self, attempt: int, step: int, round_index: int,
@@ -66,10 +68,11 @@ class SeededDraws:
             minval=0, maxval=num_classes, dtype=tf.int32)
 
     def sign_uniforms(self, step: int, round_index: int, first_teacher: int,
-                      grads: tf.Tensor, topk: int) -> tf.Tensor:
-        # Drawn directly in top-k order: i.i.d. uniforms need no coordinate identity.
+                      grads: tf.Tensor, count: int) -> tf.Tensor:
+        # Drawn directly in the order they are used: i.i.d. uniforms need no coordinate
+        # identity.
         return tf.random.stateless_uniform(
-            (grads.shape[0], grads.shape[1], topk),
+            (grads.shape[0], grads.shape[1], count),
             seed=self.seeds.tf_seed(Stream.STOCHASTIC_SIGN, step, round_index, first_teacher),
             dtype=tf.float32)
 

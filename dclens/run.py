@@ -93,8 +93,10 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "conversion": config.budget.conversion.value,
         "sigma": config.topagg.sigma,
         "topk": config.topagg.topk,
-        "noise_multiplier": (config.topagg.noise_multiplier if config.topagg.sigma > 0
-                             else None),
+        "aggregation": config.topagg.method.value,
+        "sensitivity": config.topagg.sensitivity(lens.shape.dim),
+        "noise_multiplier": (config.topagg.noise_multiplier(lens.shape.dim)
+                             if config.topagg.sigma > 0 else None),
         "num_teachers": config.train.num_teachers,
         "queries_per_round": lens.batch,
         "queries": lens.ledger.queries,

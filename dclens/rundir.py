@@ -35,6 +35,7 @@ CHANGEABLE_ON_RESUME = frozenset({"train.epochs", "train.teacher_chunk", "train.
 # Settings whose change would alter what the ledger means (named as such in refusals).
 PRIVACY_RELEVANT = frozenset({
     "topagg.sigma", "topagg.topk", "topagg.thresh", "topagg.max_grad", "topagg.method",
+    "topagg.klevel",
     "train.num_teachers", "train.dataset", "train.data_dir", "train.max_records",
     "train.partition_seed", "train.balanced_partition", "train.batch_size", "train.g_step",
     "train.non_private", "train.seed", "budget.delta", "budget.conversion",

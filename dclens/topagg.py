@@ -23,6 +23,13 @@ Summing is linear, so votes can be accumulated chunk by chunk of teachers
 Steps 1-2 (:func:`summed_votes`) run either as the pure-TF reference below or as the
 custom op ``Dclens>TopkSignVote`` (``ops/``, loaded lazily by :mod:`dclens.vote_op`);
 both give identical vote sums.  Noise and thresholding are always TF.
+
+The paper's ablations and comparisons are other values of
+:class:`dclens.config.Aggregation`, run by the same :class:`TopAgg` object: the
+deterministic sign; the stochastic sign on all D coordinates (no top-k, sensitivity
+2 sqrt(D)); no threshold (the noisy sum / k is released); D2P-Fed's L-level stochastic
+quantisation (:func:`klevel_sum`, sensitivity (L - 1) sqrt(D)).  Each charges the
+Gaussian mechanism of its own sensitivity (:meth:`TopAgg.event`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import dp_accounting
 import tensorflow as tf
 
 from dclens import accounting, vote_op
-from dclens.config import Aggregation, TopAggConfig
+from dclens.config import TOPK_METHODS, Aggregation, TopAggConfig
 from dclens.vote_op import Backend
 
 
@@ -144,6 +151,39 @@ def summed_votes(grads: tf.Tensor, uniforms: tf.Tensor | None, *, topk: int,
     return _vote_sum(grads, uniforms, topk, float(max_grad), method)
 
 
+def klevel_values(grads: tf.Tensor, uniforms: tf.Tensor, *, levels: int,
+                  bound: float) -> tf.Tensor:
+    """D2P-Fed's stochastic L-level quantisation (paper Alg. 5, no rotation), per teacher.
+
+    Every coordinate g is clipped to [-c, c] (c = ``bound``), placed on the grid
+    m_r = -c + r * 2c / (L - 1), r = 0..L-1, and rounded to a neighbour at random:
+    with m_r <= g <= m_{r+1}, level r + 1 with probability (g - m_r) / (m_{r+1} - m_r),
+    else level r (unbiased).  Level r is released as the value -L/2 + r (the authors'
+    ``stochastic_klevel``), so every value lies in [-L/2, L/2 - 1]: one teacher moves each
+    coordinate of the sum by at most L - 1, i.e. the L2 sensitivity is (L - 1) sqrt(D).
+
+    Args: grads float32 [T, B, D]; uniforms float32 [T, B, D] in [0, 1), one per
+    coordinate.  Returns float32 [T, B, D].
+    """
+    grads = tf.convert_to_tensor(grads, tf.float32)
+    uniforms = tf.convert_to_tensor(uniforms, tf.float32)
+    if uniforms.shape != grads.shape:
+        raise ValueError(f"klevel needs one uniform per coordinate: shape {grads.shape}, "
+                         f"got {uniforms.shape}")
+    step = 2.0 * bound / (levels - 1)
+    position = (tf.clip_by_value(grads, -bound, bound) + bound) / step     # in [0, L-1]
+    lower = tf.clip_by_value(tf.floor(position), 0.0, float(levels - 2))
+    level = lower + tf.cast(uniforms < position - lower, tf.float32)
+    return level - levels / 2.0
+
+
+def klevel_sum(grads: tf.Tensor, uniforms: tf.Tensor, *, levels: int,
+               bound: float) -> tf.Tensor:
+    """sum over teachers of :func:`klevel_values`: float32 [B, D] (exact: multiples of
+    1/2 far below 2^24)."""
+    return tf.reduce_sum(klevel_values(grads, uniforms, levels=levels, bound=bound), axis=0)
+
+
 def threshold_votes(noisy_sum: tf.Tensor, threshold: float) -> tf.Tensor:
     """+1 where noisy_sum >= threshold, -1 where <= -threshold, else 0 (float32)."""
     noisy_sum = tf.convert_to_tensor(noisy_sum, tf.float32)
@@ -178,27 +218,54 @@ class TopAgg:
         result = topagg.release(total, seed=...)
 
     ``sigma = 0`` is allowed only with ``allow_no_noise=True`` (``--non_private``); the
-    released update is then not private and its event says so.
+    released update is then not private and its event says so.  ``dim`` (the image
+    dimension D) is needed by the variants without top-k, whose sensitivity depends on it.
     """
 
     def __init__(self, config: TopAggConfig, *, num_teachers: int,
-                 allow_no_noise: bool = False):
+                 allow_no_noise: bool = False, dim: int | None = None):
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers!r}")
         if config.sigma == 0 and not allow_no_noise:
             raise ValueError("sigma = 0 gives no privacy; pass allow_no_noise=True "
                              "(--non_private) to run without noise")
+        if dim is None and config.method not in TOPK_METHODS:
+            raise ValueError(f"aggregation {config.method.value!r} needs the image "
+                             f"dimension (dim=)")
         self.config = config
         self.num_teachers = num_teachers
+        self.dim = dim
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of one call's summed statistic (see :class:`Aggregation`)."""
+        return self.config.sensitivity(self.dim or 0)
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.config.sigma / self.sensitivity
+
+    def uniform_count(self, dim: int) -> int:
+        """Uniform draws per teacher and image: k (top-k order) for the top-k stochastic
+        sign, D for the stochastic sign on all coordinates (top-k order) and for k-level
+        quantisation (coordinate order), 0 for the deterministic sign."""
+        method = self.config.method
+        if method is Aggregation.TOPK_SIGN:
+            return 0
+        if method in TOPK_METHODS:
+            return self.config.topk
+        return dim
 
     @property
     def threshold(self) -> float:
         """beta * N, in votes."""
         return self.config.thresh * self.num_teachers
 
-    def uniforms(self, num_teachers: int, num_images: int, seed: tf.Tensor) -> tf.Tensor:
-        """The stochastic sign's U[0, 1) draws [T, B, k] for a stateless seed."""
-        return tf.random.stateless_uniform((num_teachers, num_images, self.config.topk),
+    def uniforms(self, num_teachers: int, num_images: int, seed: tf.Tensor,
+                 dim: int | None = None) -> tf.Tensor:
+        """The U[0, 1) draws [T, B, :meth:`uniform_count`] for a stateless seed."""
+        count = self.uniform_count(dim if dim is not None else self.dim or 0)
+        return tf.random.stateless_uniform((num_teachers, num_images, count),
                                            seed=seed, dtype=tf.float32)
 
     def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor | None = None,
@@ -211,23 +278,32 @@ class TopAgg:
         see :func:`summed_votes`).
         """
         grads = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
-        if self.config.method is Aggregation.TOPK_STOCHASTIC_SIGN:
+        dim = int(grads.shape[-1])
+        method = self.config.method
+        if self.uniform_count(dim):
             if (seed is None) == (uniforms is None):
-                raise ValueError("the stochastic sign needs exactly one of seed= and "
-                                 "uniforms=")
+                raise ValueError("this aggregation needs exactly one of seed= and uniforms=")
             if uniforms is None:
-                uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed)
+                uniforms = self.uniforms(grads.shape[0], grads.shape[1], seed, dim)
         else:
             uniforms = None
-        return summed_votes(grads, uniforms, topk=self.config.topk,
-                            max_grad=self.config.max_grad, method=self.config.method,
-                            backend=Backend.AUTO)
+        if method is Aggregation.KLEVEL:
+            return klevel_sum(grads, uniforms, levels=self.config.klevel,
+                              bound=self.config.max_grad)
+        if method is Aggregation.TOPK_SIGN:
+            return summed_votes(grads, None, topk=self.config.topk,
+                                max_grad=self.config.max_grad, method=Aggregation.TOPK_SIGN,
+                                backend=Backend.AUTO)
+        # The stochastic sign on the top-k, or on all D coordinates (k = D).
+        topk = dim if method is Aggregation.NO_TOPK else self.config.topk
+        return summed_votes(grads, uniforms, topk=topk, max_grad=self.config.max_grad,
+                            method=Aggregation.TOPK_STOCHASTIC_SIGN, backend=Backend.AUTO)
 
     def event(self, num_images: int) -> dp_accounting.DpEvent:
         """The DP event of one round over ``num_images`` fake images (one query each)."""
         if self.config.sigma > 0:
-            return accounting.topagg_event(sigma=self.config.sigma, topk=self.config.topk,
-                                           queries=num_images)
+            return accounting.gaussian_queries_event(noise_multiplier=self.noise_multiplier,
+                                                     queries=num_images)
         return dp_accounting.NonPrivateDpEvent()
 
     def release(self, vote_sum: tf.Tensor, *, seed: tf.Tensor | None = None,
@@ -250,9 +326,13 @@ class TopAgg:
             if noise.shape != vote_sum.shape:
                 raise ValueError(f"noise must have the vote sum's shape {vote_sum.shape}, "
                                  f"got {noise.shape}")
-        update = threshold_votes(vote_sum + self.config.sigma * noise, self.threshold)
+        noisy = vote_sum + self.config.sigma * noise
+        if self.config.method is Aggregation.NO_THRESHOLD:
+            update = noisy / float(self.config.topk)      # post-processing, as the authors'
+        else:
+            update = threshold_votes(noisy, self.threshold)
         event = self.event(num_images)
-        pass_fraction = float(tf.reduce_mean(tf.abs(update)))
+        pass_fraction = float(tf.reduce_mean(tf.cast(update != 0, tf.float32)))
         return TopAggResult(update, event, num_images, pass_fraction)
 
     def __call__(self, grads: tf.Tensor, *, vote_seed: tf.Tensor,

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from dclens import accounting, data, networks, teachers, topagg
 from dclens.bank_stream import ChunkStream
-from dclens.config import Aggregation, DataLensConfig, FakeRendering
+from dclens.config import DataLensConfig, FakeRendering
 from dclens.draws import Draws, SeededDraws
 from dclens.fast_ensemble import FastTeacherEnsemble
 from dclens.profiling import PhaseTimer
@@ -200,7 +200,7 @@ class DataLens:
         self.student_optimizer = keras.optimizers.Adam(
             train_cfg.learning_rate, beta_1=train_cfg.beta1, epsilon=teachers.ADAM_EPSILON)
         self.topagg = topagg.TopAgg(config.topagg, num_teachers=train_cfg.num_teachers,
-                                    allow_no_noise=train_cfg.non_private)
+                                    allow_no_noise=train_cfg.non_private, dim=self.shape.dim)
         self.ledger = accounting.PrivacyLedger(
             delta=config.budget.delta, conversion=config.budget.conversion,
             orders=(accounting.classic_orders(config.budget.max_order)
@@ -224,8 +224,7 @@ class DataLens:
         """Whether one more TopAgg round of B queries keeps epsilon <= max_eps."""
         if self.config.train.non_private:
             return True
-        after = self.ledger.epsilon_after(sigma=self.config.topagg.sigma,
-                                          topk=self.config.topagg.topk, queries=self.batch)
+        after = self.ledger.epsilon_after_event(self.topagg.event(self.batch))
         return after.epsilon <= self.config.budget.max_eps
 
     # ------------------------------------------------------------------ teachers
@@ -280,10 +279,10 @@ class DataLens:
             grads = self.ensemble.image_gradients(weights, images, labels)
         with self.timer.phase("voting"):
             uniforms = None
-            if self.config.topagg.method is Aggregation.TOPK_STOCHASTIC_SIGN:
+            count = self.topagg.uniform_count(self.shape.dim)
+            if count:
                 flat = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
-                uniforms = self.draws.sign_uniforms(self.step, round_index, start, flat,
-                                                    self.config.topagg.topk)
+                uniforms = self.draws.sign_uniforms(self.step, round_index, start, flat, count)
             return self.topagg.vote_sum(grads, uniforms=uniforms)
 
     def train_teachers(self, fakes: tf.Tensor,

@@ -52,9 +52,8 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "random_proj": "random projections are not implemented",
     "simple_gan": "only the DCGAN architecture is implemented",
     "mean_kernel": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
-    "signsgd_nothresh": "only top-k sign aggregation with a threshold is implemented",
-    "klevelsgd": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
-    "sketchsgd": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
+    "sketchsgd": "FetchSGD (count-sketch aggregation) is not implemented yet; --aggregation "
+                 "lists the implemented ones",
     "signsgd_dept": "data-dependent accounting is an analysis only; the data-independent "
                     "bound is always spent",
     "save_vote": "saving the votes is not implemented yet",
@@ -68,7 +67,6 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "pca_dim": "DP-PCA is not implemented",
     "random_label": "random labels are not implemented",
     "save_epoch": "per-epsilon snapshots are not implemented yet",
-    "klevel": "k-level quantisation is not implemented",
     "teacher_dir": "teachers are kept inside the run",
     "generator_dir": "the generator is written to --checkpoint_dir/generator.keras",
     "loss": "the autoencoder pipeline is not implemented",
@@ -79,7 +77,8 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "hid_dim": "the autoencoder pipeline is not implemented",
 }
 
-BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "shuffle", "non_private", "pretrain")
+BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "signsgd_nothresh", "klevelsgd",
+                 "shuffle", "non_private", "pretrain")
 
 
 class CliError(Exception):
@@ -106,7 +105,8 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "partition_seed": "train.partition_seed", "teacher_chunk": "train.teacher_chunk",
                "num_samples": "train.num_samples", "shuffle": "train.balanced_partition",
                "non_private": "train.non_private", "conv_path": "train.conv_path",
-               "fake_rendering": "train.fake_rendering"}
+               "fake_rendering": "train.fake_rendering", "klevel": "topagg.klevel",
+               "aggregation": "topagg.method"}
 
 
 def _field(config: cfg.DataLensConfig, dotted: str):
@@ -143,8 +143,12 @@ BOOLEAN_HELP = {
              "generator in --checkpoint_dir)",
     "stochastic": "stochastic sign of the top-k coordinates (paper Alg. 2); --nostochastic: "
                   "deterministic sign",
-    "signsgd": "top-k sign voting (the only aggregation dclens implements; --nosignsgd is "
-               "refused)",
+    "signsgd": "top-k sign voting (the paper's TopAgg; --nosignsgd is refused: name another "
+               "aggregation with --aggregation, --signsgd_nothresh or --klevelsgd)",
+    "signsgd_nothresh": "top-k stochastic sign without the threshold: the noisy vote sum / "
+                        "k is released (= --aggregation no_threshold; needs --stochastic)",
+    "klevelsgd": "D2P-Fed: L-level stochastic quantisation of every coordinate, no top-k "
+                 "(= --aggregation klevel; L = --klevel)",
     "shuffle": "class-balanced disjoint partitions; --noshuffle: contiguous slices of the "
                "shuffled data",
     "non_private": "no noise and no budget: the output is NOT private (debugging only)",
@@ -206,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--conv_path", choices=[p.value for p in cfg.ConvPath],
         help="how the teachers' convolutions run (speed only, same math): auto picks the "
         "fastest that works on this CPU")
+    add("--aggregation", choices=[a.value for a in cfg.Aggregation],
+        help="how the teachers' gradients are aggregated (dclens/config.py Aggregation): the "
+        "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
+        "no_threshold, klevel (D2P-Fed); each charges its own sensitivity")
+    add("--klevel", type=int, help="quantisation levels of --aggregation klevel")
     add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering],
         help="the teachers' fake batches: class_grid renders each class once per step "
         "(K*B images); teacher_labels renders G(z, y_i) per teacher label sequence as the "
@@ -294,6 +303,21 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
                             else cfg.Aggregation.TOPK_SIGN)
     elif args.signsgd and preset_name == "authors":
         topagg["method"] = cfg.Aggregation.TOPK_SIGN   # --signsgd without --stochastic
+    named = [flag for flag in ("aggregation", "signsgd_nothresh", "klevelsgd")
+             if getattr(args, flag)]
+    if len(named) > 1:
+        raise CliError(f"--{' and --'.join(named)} name different aggregations; give one")
+    if args.aggregation is not None:
+        topagg["method"] = cfg.Aggregation(args.aggregation)
+    elif args.signsgd_nothresh:
+        if args.stochastic is False or (args.stochastic is None and preset_name == "authors"):
+            raise CliError("--signsgd_nothresh without --stochastic (the deterministic sign "
+                           "without threshold) is not implemented; add --stochastic")
+        topagg["method"] = cfg.Aggregation.NO_THRESHOLD
+    elif args.klevelsgd:
+        topagg["method"] = cfg.Aggregation.KLEVEL
+    if args.klevel is not None:
+        topagg["klevel"] = args.klevel
     if args.max_grad is not None and args.max_grad <= 0:
         raise CliError(f"--max_grad must be > 0 (the paper uses 1e-5), got {args.max_grad!r}")
     if args.max_eps is not None:

@@ -349,3 +349,25 @@ def test_dataset_celeba_is_celeba_gender_with_a_note(capsys):
     _, config, _, _ = resolve("--dataset", "celebA")
     assert config.train.dataset == "celebA-gender-train"
     assert "celebA-gender-train" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, method, klevel", [
+    (("--dataset", "fashion_mnist", "--klevelsgd", "--klevel", "3"), "klevel", 3),
+    (("--dataset", "fashion_mnist", "--signsgd_nothresh", "--stochastic"), "no_threshold", 4),
+    (("--aggregation", "no_topk"), "no_topk", 4),
+    (("--dataset", "fashion_mnist", "--signsgd", "--nostochastic"), "topk_sign", 4),
+])
+def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method, klevel):
+    _, config, _, _ = resolve(*flags)
+    assert config.topagg.method is cfg.Aggregation(method)
+    assert config.topagg.klevel == klevel
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--dataset", "fashion_mnist", "--signsgd_nothresh"), "add --stochastic"),
+    (("--klevelsgd", "--aggregation", "no_topk"), "name different aggregations"),
+    (("--sketchsgd",), "FetchSGD"),
+])
+def test_conflicting_or_missing_aggregations_are_refused(flags, message):
+    with pytest.raises(cli.CliError, match=message):
+        resolve(*flags)

@@ -87,9 +87,9 @@ class RecordingDraws(SeededDraws):
         self.calls.append(("labels", step, round_index))
         return super().query_labels(step, round_index, batch, num_classes)
 
-    def sign_uniforms(self, step, round_index, first_teacher, grads, topk):
+    def sign_uniforms(self, step, round_index, first_teacher, grads, count):
         self.calls.append(("uniforms", step, round_index, first_teacher))
-        return super().sign_uniforms(step, round_index, first_teacher, grads, topk)
+        return super().sign_uniforms(step, round_index, first_teacher, grads, count)
 
     def dp_noise(self, attempt, step, round_index, shape):
         self.calls.append(("noise", step, round_index))

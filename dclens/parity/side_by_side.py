@@ -312,11 +312,11 @@ class ReplayDraws:
     def query_labels(self, step, round_index, batch, num_classes) -> tf.Tensor:
         return tf.constant(self._step(step).query_labels.astype(np.int32))
 
-    def sign_uniforms(self, step, round_index, first_teacher, grads, topk) -> tf.Tensor:
+    def sign_uniforms(self, step, round_index, first_teacher, grads, count) -> tf.Tensor:
         per_image = self._step(step).uniforms                     # B x [T_all, D]
         stacked = np.stack(per_image, axis=1)                     # [T_all, B, D]
         rows = stacked[first_teacher:first_teacher + grads.shape[0]]
-        return topagg.uniforms_in_topk_order(grads, tf.constant(rows), topk)
+        return topagg.uniforms_in_topk_order(grads, tf.constant(rows), count)
 
     def dp_noise(self, attempt, step, round_index, shape) -> tf.Tensor:
         return tf.constant(np.stack(self._step(step).noise).reshape(shape))
