@@ -222,6 +222,9 @@ class TrainConfig:
         ``None`` = all.
       fake_rendering: how the teachers' fake batches are rendered (:class:`FakeRendering`;
         ``teacher_labels`` is the authors' way).
+      data_dependent_analysis: also compute the authors' data-dependent RDP bound of every
+        call (paper Fig. 2, :mod:`dclens.data_dependent`) and record its epsilon beside
+        the ledger's; an analysis only, **never spent** (the authors' ``--signsgd_dept``).
     """
 
     dataset: str = "fashion_mnist"
@@ -244,6 +247,7 @@ class TrainConfig:
     max_records: int | None = None
     conv_path: ConvPath = ConvPath.AUTO
     fake_rendering: FakeRendering = FakeRendering.CLASS_GRID
+    data_dependent_analysis: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.dataset, str) and self.dataset != "",
@@ -283,6 +287,12 @@ class DataLensConfig:
     budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
 
     def __post_init__(self) -> None:
+        if self.train.data_dependent_analysis:
+            _require(self.topagg.method in TOPK_METHODS and not self.train.non_private,
+                     f"the data-dependent analysis (--signsgd_dept) is defined for the "
+                     f"private top-k sign aggregations only, got "
+                     f"{self.topagg.method.value!r}"
+                     f"{' with --non_private' if self.train.non_private else ''}")
         if not self.train.non_private:
             _require(self.topagg.sigma > 0,
                      f"sigma must be > 0 for a private run, got {self.topagg.sigma!r}; "

@@ -241,6 +241,9 @@ def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar
     with writer.get().as_default(step=record.step + 1):
         if record.epsilon is not None:
             tf.summary.scalar("privacy/epsilon", record.epsilon)
+        if record.epsilon_data_dependent_analysis is not None:
+            tf.summary.scalar("privacy/epsilon_data_dependent_analysis_not_spent",
+                              record.epsilon_data_dependent_analysis)
         tf.summary.scalar("loss/teacher", record.teacher_loss)
         tf.summary.scalar("loss/student", record.student_loss)
         tf.summary.scalar("votes/pass_fraction", record.pass_fraction)
@@ -413,8 +416,12 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
             stop_reason = "budget"
             break
         if record.queries:
-            curve.append({"step": record.step + 1, "queries": lens.ledger.queries,
-                          "epsilon": record.epsilon})
+            point = {"step": record.step + 1, "queries": lens.ledger.queries,
+                     "epsilon": record.epsilon}
+            if record.epsilon_data_dependent_analysis is not None:
+                point["epsilon_data_dependent_analysis"] = \
+                    record.epsilon_data_dependent_analysis
+            curve.append(point)
         export.write_json(plan.paths.privacy,
                           privacy_record(lens, config, curve, None, seeded, journal))
         _log_step(writer, record, lens, config, grid_every, bar)

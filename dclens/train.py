@@ -40,7 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dclens import accounting, data, networks, teachers, topagg
+from dclens import accounting, data, data_dependent, networks, teachers, topagg
 from dclens.bank_stream import ChunkStream
 from dclens.config import DataLensConfig, FakeRendering
 from dclens.draws import Draws, SeededDraws
@@ -77,6 +77,8 @@ class StepRecord:
     student_loss: float
     pass_fraction: float
     seconds: float
+    #: The authors' data-dependent epsilon (analysis only, never spent); None when off.
+    epsilon_data_dependent_analysis: float | None = None
 
 
 def contiguous_partition(num_records: int, num_partitions: int, *, seed: int) -> np.ndarray:
@@ -207,6 +209,10 @@ class DataLens:
                     if config.budget.conversion is accounting.Conversion.CLASSIC else None))
         self.step = 0
         self.generate = generator_function(self.generator)
+        # The data-dependent analysis (never spent): RDP at the authors' orders.
+        self.analysis_orders = np.asarray(accounting.classic_orders(config.budget.max_order))
+        self.analysis_rdp = (np.zeros(len(self.analysis_orders))
+                             if train_cfg.data_dependent_analysis else None)
 
     # ------------------------------------------------------------------ helpers
     def one_hot(self, labels: tf.Tensor) -> tf.Tensor:
@@ -358,8 +364,14 @@ class DataLens:
             if self.on_spend is not None:
                 self.on_spend(self.step, round_index, self.batch)
         with self.timer.phase("noise"):
-            result = self.topagg.release(
-                vote_sum, noise=self.noise(round_index, tuple(vote_sum.shape)))
+            noise = self.noise(round_index, tuple(vote_sum.shape))
+            result = self.topagg.release(vote_sum, noise=noise)
+        if self.analysis_rdp is not None:
+            noisy = (tf.cast(vote_sum, tf.float32) + self.config.topagg.sigma * noise).numpy()
+            for votes in noisy:            # one call per image
+                self.analysis_rdp += data_dependent.topagg_call_rdp(
+                    votes, sigma=self.config.topagg.sigma, topk=self.config.topagg.topk,
+                    orders=self.analysis_orders)
         if self.observer is not None:
             self.observer.round_released(self.step, round_index, images, one_hot, vote_sum,
                                          result)
@@ -403,7 +415,10 @@ class DataLens:
                 teacher_loss=teacher_loss,
                 student_loss=float(np.mean(student_losses)) if student_losses else math.nan,
                 pass_fraction=float(np.mean(passes)) if passes else math.nan,
-                seconds=time.perf_counter() - started)
+                seconds=time.perf_counter() - started,
+                epsilon_data_dependent_analysis=(
+                    None if self.analysis_rdp is None else data_dependent.classic_epsilon(
+                        self.analysis_rdp, self.analysis_orders, self.config.budget.delta)))
             self.step += 1
         return record
 
@@ -422,6 +437,8 @@ class DataLens:
         if self.student_optimizer.built:
             for i, variable in enumerate(self.student_optimizer.variables):
                 arrays[f"optimizer_{i:03d}"] = variable.numpy()
+        if self.analysis_rdp is not None:
+            arrays["analysis_data_dependent_rdp"] = self.analysis_rdp.copy()
         return arrays
 
     def load_state_arrays(self, load: Callable[[str], np.ndarray], names: list[str],
@@ -444,6 +461,8 @@ class DataLens:
         if optimizer_names:
             self.student_optimizer.build(self.generator.trainable_variables)
             self._assign("optimizer", self.student_optimizer.variables, load, names)
+        if self.analysis_rdp is not None and "analysis_data_dependent_rdp" in names:
+            self.analysis_rdp = np.array(load("analysis_data_dependent_rdp"), np.float64)
         self.step = step
 
     @staticmethod
