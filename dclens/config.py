@@ -55,6 +55,20 @@ class FakeRendering(enum.Enum):
     TEACHER_LABELS = "teacher_labels"
 
 
+class SaveVotes(enum.Enum):
+    """What a run writes of every TopAgg round into ``<run>/votes/`` (authors'
+    ``--save_vote``)."""
+
+    #: Nothing.
+    NONE = "none"
+    #: The released, noisy thresholded update of every round: public, like the generator.
+    UPDATES = "updates"
+    #: The updates and the raw (noise-free) vote sums, which are a function of the private
+    #: data without noise: only in a ``--non_private`` run, or with ``--save_raw_votes``,
+    #: which marks the run directory private (``PRIVATE-raw-votes.txt``).
+    RAW_SUMS = "raw_sums"
+
+
 class Aggregation(enum.Enum):
     """How the teachers' image gradients are compressed, summed and released.
 
@@ -222,6 +236,7 @@ class TrainConfig:
         ``None`` = all.
       fake_rendering: how the teachers' fake batches are rendered (:class:`FakeRendering`;
         ``teacher_labels`` is the authors' way).
+      save_votes: what of every round is written to ``<run>/votes/`` (:class:`SaveVotes`).
       data_dependent_analysis: also compute the authors' data-dependent RDP bound of every
         call (paper Fig. 2, :mod:`dclens.data_dependent`) and record its epsilon beside
         the ledger's; an analysis only, **never spent** (the authors' ``--signsgd_dept``).
@@ -248,6 +263,7 @@ class TrainConfig:
     conv_path: ConvPath = ConvPath.AUTO
     fake_rendering: FakeRendering = FakeRendering.CLASS_GRID
     data_dependent_analysis: bool = False
+    save_votes: SaveVotes = SaveVotes.NONE
 
     def __post_init__(self) -> None:
         _require(isinstance(self.dataset, str) and self.dataset != "",
@@ -270,6 +286,9 @@ class TrainConfig:
         _require(isinstance(self.conv_path, ConvPath),
                  f"conv_path must be one of {[p.value for p in ConvPath]}, "
                  f"got {self.conv_path!r}")
+        _require(isinstance(self.save_votes, SaveVotes),
+                 f"save_votes must be one of {[v.value for v in SaveVotes]}, "
+                 f"got {self.save_votes!r}")
         _require(isinstance(self.fake_rendering, FakeRendering),
                  f"fake_rendering must be one of {[r.value for r in FakeRendering]}, "
                  f"got {self.fake_rendering!r}")
@@ -333,7 +352,8 @@ class DataLensConfig:
         _require(not unknown, f"unknown config sections: {sorted(unknown)}")
         return cls(
             train=build(TrainConfig, data.get("train", {}),
-                        {"conv_path": ConvPath, "fake_rendering": FakeRendering}),
+                        {"conv_path": ConvPath, "fake_rendering": FakeRendering,
+                         "save_votes": SaveVotes}),
             topagg=build(TopAggConfig, data.get("topagg", {}), {"method": Aggregation}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),
         )

@@ -36,7 +36,7 @@ import numpy as np
 
 from dclens import accounting, data, export
 from dclens.checkpoint import CheckpointSpaceError, CheckpointStore
-from dclens.config import DataLensConfig
+from dclens.config import DataLensConfig, SaveVotes
 from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
 from dclens.rundir import Mode, RunDirError, plan_run, set_aside
@@ -305,6 +305,51 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
                       time.perf_counter() - started, latest.step, journal.lost_queries)
 
 
+RAW_VOTES_MARKER = "PRIVATE-raw-votes.txt"
+
+
+class VoteWriter:
+    """Writes every TopAgg round of a step to ``<run>/votes/step-<n>.npz`` (atomically).
+
+    ``update`` float32 [rounds, B, D]: the released noisy (thresholded) update -- public.
+    With ``SaveVotes.RAW_SUMS`` also ``vote_sum`` int/float [rounds, B, D]: the noise-free
+    sums, a function of the private data; the run directory then holds
+    :data:`RAW_VOTES_MARKER` saying it must not be published.
+    """
+
+    def __init__(self, root: str, kind: SaveVotes):
+        self.folder = os.path.join(root, "votes")
+        self.kind = kind
+        self.rounds: dict[int, list] = {}
+        os.makedirs(self.folder, exist_ok=True)
+        if kind is SaveVotes.RAW_SUMS:
+            export.atomic_write(os.path.join(root, RAW_VOTES_MARKER), lambda s: s.write(
+                "This run directory holds raw, noise-free vote sums (votes/*.npz "
+                "'vote_sum'): a function of the private training data without any noise.\n"
+                "Do not publish it; the released updates ('update') alone are public.\n"),
+                mode="w")
+
+    def round_released(self, step, round_index, images, one_hot, vote_sum, result) -> None:
+        entry = {"update": result.update.numpy().astype(np.float32)}
+        if self.kind is SaveVotes.RAW_SUMS:
+            entry["vote_sum"] = vote_sum.numpy()
+        self.rounds.setdefault(step, []).append(entry)
+
+    def flush_all(self) -> None:
+        """Writes every step with released rounds (e.g. a step stopped by the budget after
+        its first round)."""
+        for step in sorted(self.rounds):
+            self.flush(step)
+
+    def flush(self, step: int) -> None:
+        rounds = self.rounds.pop(step, [])
+        if not rounds:
+            return
+        arrays = {name: np.stack([r[name] for r in rounds]) for name in rounds[0]}
+        export.atomic_write(os.path.join(self.folder, f"step-{step + 1:06d}.npz"),
+                            lambda s: np.savez(s, **arrays))
+
+
 class _LazySummaryWriter:
     """A TensorBoard writer that creates its event file on first use, so an invocation
     that logs nothing (a finished run, an early error) leaves no empty event file."""
@@ -390,6 +435,12 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         hook("after_spend", step)
 
     lens.on_spend = on_spend
+    votes = None
+    if config.train.save_votes is not SaveVotes.NONE:
+        votes = lens.observer = VoteWriter(plan.paths.root, config.train.save_votes)
+        log(f"--save_vote: every round's released update goes to {votes.folder}"
+            + (f"; RAW VOTE SUMS too: this run directory is PRIVATE ({RAW_VOTES_MARKER})"
+               if config.train.save_votes is SaveVotes.RAW_SUMS else ""))
     log(f"{dataset.spec.name}: {len(dataset.labels)} records, {config.train.num_teachers} "
         f"teachers x {lens.partition_size} records, batch {lens.batch}, "
         f"{lens.batch * config.train.g_step} queries per step; output in {output_dir}")
@@ -414,7 +465,11 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
             record = lens.train_step()
         except BudgetExhausted:
             stop_reason = "budget"
+            if votes is not None:
+                votes.flush_all()
             break
+        if votes is not None:
+            votes.flush(record.step)
         if record.queries:
             point = {"step": record.step + 1, "queries": lens.ledger.queries,
                      "epsilon": record.epsilon}

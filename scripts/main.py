@@ -54,7 +54,6 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "mean_kernel": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
     "sketchsgd": "FetchSGD (count-sketch aggregation) is not implemented yet; --aggregation "
                  "lists the implemented ones",
-    "save_vote": "saving the votes is not implemented yet",
     "pca": "DP-PCA is not implemented",
     "increasing_dim": "random projections are not implemented",
     "wgan": "only the standard GAN loss is implemented",
@@ -76,6 +75,7 @@ UNSUPPORTED_AUTHORS_FLAGS = {
 }
 
 BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "signsgd_nothresh", "klevelsgd", "signsgd_dept",
+                 "save_vote",
                  "shuffle", "non_private", "pretrain")
 
 
@@ -146,6 +146,8 @@ BOOLEAN_HELP = {
                "aggregation with --aggregation, --signsgd_nothresh or --klevelsgd)",
     "signsgd_nothresh": "top-k stochastic sign without the threshold: the noisy vote sum / "
                         "k is released (= --aggregation no_threshold; needs --stochastic)",
+    "save_vote": "write every round's released (noisy, thresholded) update to "
+                 "<checkpoint_dir>/votes/ (public); --save_raw_votes adds the raw sums",
     "signsgd_dept": "also compute the authors' data-dependent RDP bound of every call and "
                     "record its epsilon (paper Fig. 2) -- an analysis, NEVER spent: the "
                     "data-independent bound is the ledger",
@@ -216,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the teachers' gradients are aggregated (dclens/config.py Aggregation): the "
         "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
         "no_threshold, klevel (D2P-Fed); each charges its own sensitivity")
+    add("--save_raw_votes", action="store_true", help="with the updates, also write the "
+        "raw noise-free vote sums: NOT private, the run directory is marked "
+        "PRIVATE-raw-votes.txt (allowed in any run because you ask for it by name)")
     add("--klevel", type=int, help="quantisation levels of --aggregation klevel")
     add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering],
         help="the teachers' fake batches: class_grid renders each class once per step "
@@ -320,6 +325,10 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
         topagg["method"] = cfg.Aggregation.KLEVEL
     if args.klevel is not None:
         topagg["klevel"] = args.klevel
+    if args.save_raw_votes:
+        train["save_votes"] = cfg.SaveVotes.RAW_SUMS
+    elif args.save_vote:
+        train["save_votes"] = cfg.SaveVotes.UPDATES
     if args.max_grad is not None and args.max_grad <= 0:
         raise CliError(f"--max_grad must be > 0 (the paper uses 1e-5), got {args.max_grad!r}")
     if args.max_eps is not None:

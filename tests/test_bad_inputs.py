@@ -158,9 +158,10 @@ MATRIX = [
     Bad("authors' flag not supported yet", ("--wgan",),
         "main.py: error: --wgan (a flag of the authors' main.py) is not implemented in dclens "
         "yet: only the standard GAN loss is implemented"),
-    Bad("authors' flag not supported yet (--save_vote)", ("--save_vote",),
-        "main.py: error: --save_vote (a flag of the authors' main.py) is not implemented in "
-        "dclens yet: saving the votes is not implemented yet"),
+    Bad("authors' flag not supported yet (--sketchsgd)", ("--sketchsgd",),
+        "main.py: error: --sketchsgd (a flag of the authors' main.py) is not implemented in "
+        "dclens yet: FetchSGD (count-sketch aggregation) is not implemented yet; "
+        "--aggregation lists the implemented ones"),
 ]
 
 

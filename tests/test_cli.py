@@ -54,7 +54,7 @@ BAD_FLAGS = [
     (["--conversion", "bogus"], ["--conversion", "'bogus'"]),
     (["--frobnicate", "1"], ["unrecognized arguments", "--frobnicate 1"]),
     (["--wgan"], ["--wgan", "not implemented"]),
-    (["--save_vote"], ["--save_vote", "not implemented"]),
+    (["--sketchsgd"], ["--sketchsgd", "FetchSGD"]),
     (["--pca"], ["--pca", "not implemented"]),
     (["--step_size", "1e-4"], ["--step_size", "not implemented"]),
     (["--nowgan"], ["--wgan", "not implemented"]),
@@ -315,7 +315,8 @@ def test_help_lists_supported_flags_only(capsys):
     for flag in ("--sigma", "--topk", "--thresh", "--batch_teachers", "--teachers_batch",
                  "--checkpoint_dir", "--nostochastic", "--non_private"):
         assert flag in out
-    assert "--wgan" not in out and "--save_vote" not in out
+    assert "--wgan" not in out and "--sketchsgd" not in out
+    assert "--save_vote" in out and "--aggregation" in out
 
 
 def test_help_gives_every_flag_a_line_and_its_effective_default(capsys):
@@ -371,3 +372,11 @@ def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method,
 def test_conflicting_or_missing_aggregations_are_refused(flags, message):
     with pytest.raises(cli.CliError, match=message):
         resolve(*flags)
+
+
+def test_save_vote_flags():
+    assert resolve()[1].train.save_votes is cfg.SaveVotes.NONE
+    assert resolve("--save_vote")[1].train.save_votes is cfg.SaveVotes.UPDATES
+    assert resolve("--save_vote", "--save_raw_votes")[1].train.save_votes \
+        is cfg.SaveVotes.RAW_SUMS
+    assert resolve("--signsgd_dept")[1].train.data_dependent_analysis is True

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dclens import accounting, export, run
-from dclens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
+from dclens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
 
 TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
 SIGMA, TOPK = 20.0, 50
@@ -177,3 +177,29 @@ def test_sample_mode_reloads_generator(finished_run, tmp_path):
     assert np.load(paths["samples"])["x"].shape == (30, 28, 28, 1)
     with pytest.raises(run.RunDirError, match="train a model first"):
         run.sample_run(str(tmp_path / "empty"), log=lambda _: None)
+
+
+# ------------------------------------------------------------------ --save_vote
+@pytest.mark.parametrize("kind", [SaveVotes.UPDATES, SaveVotes.RAW_SUMS])
+def test_save_vote_writes_the_released_updates_and_raw_sums_only_when_asked(
+        kind, tiny_fmnist_dir, tmp_path):
+    config = tiny_config(tiny_fmnist_dir, steps=2)
+    config = config.replace(train={"save_votes": kind})
+    out = tmp_path / "run"
+    summary = run.train_run(config, str(out), progress=False, log=lambda _: None)
+    files = sorted(os.listdir(out / "votes"))
+    assert files == [f"step-{s:06d}.npz" for s in range(1, summary.steps + 1)]
+    with np.load(out / "votes" / files[0]) as saved:
+        update = saved["update"]
+        assert update.shape == (1, BATCH, 784)
+        assert set(np.unique(update)) <= {-1.0, 0.0, 1.0}
+        raw = "vote_sum" in saved.files
+        if raw:
+            vote_sum = saved["vote_sum"]
+    marker = out / run.RAW_VOTES_MARKER
+    if kind is SaveVotes.UPDATES:
+        assert not raw and not marker.exists()
+    else:
+        assert raw and marker.exists() and "Do not publish" in marker.read_text()
+        assert vote_sum.shape == update.shape
+        assert np.all(np.abs(vote_sum) <= TEACHERS) and np.abs(vote_sum).sum() > 0
