@@ -97,9 +97,27 @@ class Aggregation(enum.Enum):
     #: no rotation (commented out in the authors' code, so not in the paper's numbers);
     #: summed, noised, thresholded.  Sensitivity (L - 1) sqrt(D).
     KLEVEL = "klevel"
+    #: FetchSGD (paper Alg. 7; authors' ``--sketchsgd``): the teachers' top-k stochastic
+    #: signs summed into a count sketch (``sketch_rows`` x ``sketch_columns``), unsketched,
+    #: top-k, thresholded.  With the default ``SketchAccounting.PROVEN`` the noise goes on
+    #: the sketch, whose sensitivity is computed from its public hashes
+    #: (:mod:`dclens.sketch`; 2 sqrt(k rows) without collisions).
+    FETCHSGD = "fetchsgd"
 
 
-#: Methods that vote on the top-k coordinates only.
+class SketchAccounting(enum.Enum):
+    """Where FetchSGD's noise goes and what it is charged."""
+
+    #: Noise on every cell of the summed sketch, charged the sketch's sensitivity (a
+    #: bound proven by construction, :class:`dclens.sketch.CountSketch`).
+    PROVEN = "proven"
+    #: The authors': noise on the unsketched top-k vector, charged TopAgg's 2 sqrt(k).
+    #: Nothing bounds one teacher's effect on that vector by 2 sqrt(k): UNPROVEN, and every
+    #: output of such a run says so.
+    AUTHORS_UNPROVEN = "authors_unproven"
+
+
+#: Methods whose teachers vote on their top-k coordinates only.
 TOPK_METHODS = frozenset({Aggregation.TOPK_STOCHASTIC_SIGN, Aggregation.TOPK_SIGN,
                           Aggregation.NO_THRESHOLD})
 
@@ -134,6 +152,9 @@ class TopAggConfig:
       method: see :class:`Aggregation`.
       klevel: L, the number of quantisation levels of ``Aggregation.KLEVEL`` (authors'
         ``--klevel``, default 4).
+      sketch_rows, sketch_columns, sketch_seed: the count sketch of ``Aggregation.FETCHSGD``
+        (the authors' ``CSVec(d, c=10000, r=20)``); the seed of its public hashes.
+      sketch_accounting: :class:`SketchAccounting`.
     """
 
     topk: int = 200
@@ -142,6 +163,10 @@ class TopAggConfig:
     max_grad: float = 1e-5
     method: Aggregation = Aggregation.TOPK_STOCHASTIC_SIGN
     klevel: int = 4
+    sketch_rows: int = 20
+    sketch_columns: int = 10_000
+    sketch_seed: int = 0
+    sketch_accounting: SketchAccounting = SketchAccounting.PROVEN
 
     def __post_init__(self) -> None:
         _require(_is_int(self.topk) and self.topk >= 1,
@@ -156,9 +181,35 @@ class TopAggConfig:
                  f"method must be an Aggregation, got {self.method!r}")
         _require(_is_int(self.klevel) and self.klevel >= 2,
                  f"klevel must be an integer >= 2 (quantisation levels), got {self.klevel!r}")
+        for name in ("sketch_rows", "sketch_columns"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1,
+                     f"{name} must be an integer >= 1, got {value!r}")
+        _require(_is_int(self.sketch_seed) and self.sketch_seed >= 0,
+                 f"sketch_seed must be an integer >= 0, got {self.sketch_seed!r}")
+        _require(isinstance(self.sketch_accounting, SketchAccounting),
+                 f"sketch_accounting must be one of {[a.value for a in SketchAccounting]}, "
+                 f"got {self.sketch_accounting!r}")
+
+    @property
+    def accounting_proven(self) -> bool:
+        """False only for FetchSGD under the authors' (unproven) accounting."""
+        return not (self.method is Aggregation.FETCHSGD
+                    and self.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN)
+
+    def count_sketch(self, dim: int):
+        """FetchSGD's :class:`dclens.sketch.CountSketch` for images of ``dim`` values."""
+        from dclens.sketch import CountSketch
+
+        return CountSketch(dim, rows=self.sketch_rows, columns=self.sketch_columns,
+                           seed=self.sketch_seed)
 
     def sensitivity(self, dim: int) -> float:
-        """L2 sensitivity of one call's summed statistic for images of ``dim`` values."""
+        """L2 sensitivity of one call's noised statistic for images of ``dim`` values."""
+        if self.method is Aggregation.FETCHSGD:
+            if self.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN:
+                return 2.0 * math.sqrt(self.topk)              # the authors' charge
+            return self.count_sketch(dim).sensitivity(self.topk)
         if self.method in TOPK_METHODS:
             return 2.0 * math.sqrt(self.topk)
         if self.method is Aggregation.NO_TOPK:
@@ -354,7 +405,8 @@ class DataLensConfig:
             train=build(TrainConfig, data.get("train", {}),
                         {"conv_path": ConvPath, "fake_rendering": FakeRendering,
                          "save_votes": SaveVotes}),
-            topagg=build(TopAggConfig, data.get("topagg", {}), {"method": Aggregation}),
+            topagg=build(TopAggConfig, data.get("topagg", {}),
+                         {"method": Aggregation, "sketch_accounting": SketchAccounting}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),
         )
 

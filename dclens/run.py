@@ -51,6 +51,13 @@ REPRODUCIBLE_NOISE_WARNING = (
 GRID_COLUMNS = 10
 
 
+UNPROVEN_ACCOUNTING_WARNING = (
+    "FetchSGD with the authors' accounting (--sketch_accounting authors_unproven): its "
+    "epsilon charges 2 sqrt(k) for noise added after unsketching and top-k, which no proof "
+    "supports; the reported epsilon is NOT a guarantee (privacy.json says "
+    "accounting_proven: false)")
+
+
 class TrainingDiverged(RuntimeError):
     """A loss became NaN or infinite; the run stopped at its last good checkpoint."""
 
@@ -94,6 +101,7 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "sigma": config.topagg.sigma,
         "topk": config.topagg.topk,
         "aggregation": config.topagg.method.value,
+        "accounting_proven": config.topagg.accounting_proven,
         "sensitivity": config.topagg.sensitivity(lens.shape.dim),
         "noise_multiplier": (config.topagg.noise_multiplier(lens.shape.dim)
                              if config.topagg.sigma > 0 else None),
@@ -406,6 +414,8 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
             "do. Pass --restart to train it again.")
         return finished_already
     seeded = config.train.seed is not None
+    if not config.topagg.accounting_proven:
+        log("warning: " + UNPROVEN_ACCOUNTING_WARNING)
     if config.train.non_private:
         log(NOT_PRIVATE_WARNING)
     elif seeded:

@@ -28,8 +28,10 @@ The paper's ablations and comparisons are other values of
 :class:`dclens.config.Aggregation`, run by the same :class:`TopAgg` object: the
 deterministic sign; the stochastic sign on all D coordinates (no top-k, sensitivity
 2 sqrt(D)); no threshold (the noisy sum / k is released); D2P-Fed's L-level stochastic
-quantisation (:func:`klevel_sum`, sensitivity (L - 1) sqrt(D)).  Each charges the
-Gaussian mechanism of its own sensitivity (:meth:`TopAgg.event`).
+quantisation (:func:`klevel_sum`, sensitivity (L - 1) sqrt(D)); FetchSGD's count sketch
+of the top-k votes (noise on the sketch, sensitivity from its public hashes,
+:mod:`dclens.sketch`).  Each charges the Gaussian mechanism of its own sensitivity
+(:meth:`TopAgg.event`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import dp_accounting
 import tensorflow as tf
 
 from dclens import accounting, vote_op
-from dclens.config import TOPK_METHODS, Aggregation, TopAggConfig
+from dclens.config import TOPK_METHODS, Aggregation, SketchAccounting, TopAggConfig
 from dclens.vote_op import Backend
 
 
@@ -207,6 +209,8 @@ class TopAggResult:
     event: dp_accounting.DpEvent
     queries: int
     pass_fraction: float
+    #: False only under FetchSGD's authors' accounting, which no proof supports.
+    accounting_proven: bool = True
 
 
 class TopAgg:
@@ -235,11 +239,26 @@ class TopAgg:
         self.config = config
         self.num_teachers = num_teachers
         self.dim = dim
+        self.sketch = (config.count_sketch(dim) if config.method is Aggregation.FETCHSGD
+                       else None)
+        self._sensitivity = config.sensitivity(dim or 0)
 
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity of one call's summed statistic (see :class:`Aggregation`)."""
-        return self.config.sensitivity(self.dim or 0)
+        """L2 sensitivity of one call's noised statistic (see :class:`Aggregation`)."""
+        return self._sensitivity
+
+    @property
+    def _noise_on_sketch(self) -> bool:
+        return (self.sketch is not None
+                and self.config.sketch_accounting is SketchAccounting.PROVEN)
+
+    def noise_shape(self, vote_sum_shape: tuple[int, int]) -> tuple[int, int]:
+        """Shape of a round's standard normal draws: the vote sum's [B, D], or the count
+        sketch's [B, rows * columns] for FetchSGD with the proven accounting."""
+        if self._noise_on_sketch:
+            return (vote_sum_shape[0], self.sketch.rows * self.sketch.columns)
+        return tuple(vote_sum_shape)
 
     @property
     def noise_multiplier(self) -> float:
@@ -252,7 +271,7 @@ class TopAgg:
         method = self.config.method
         if method is Aggregation.TOPK_SIGN:
             return 0
-        if method in TOPK_METHODS:
+        if method in TOPK_METHODS or method is Aggregation.FETCHSGD:
             return self.config.topk
         return dim
 
@@ -294,7 +313,8 @@ class TopAgg:
             return summed_votes(grads, None, topk=self.config.topk,
                                 max_grad=self.config.max_grad, method=Aggregation.TOPK_SIGN,
                                 backend=Backend.AUTO)
-        # The stochastic sign on the top-k, or on all D coordinates (k = D).
+        # The stochastic sign on the top-k (also FetchSGD's votes: its sketch is linear, so
+        # release sketches the sum), or on all D coordinates (k = D).
         topk = dim if method is Aggregation.NO_TOPK else self.config.topk
         return summed_votes(grads, uniforms, topk=topk, max_grad=self.config.max_grad,
                             method=Aggregation.TOPK_STOCHASTIC_SIGN, backend=Backend.AUTO)
@@ -319,21 +339,45 @@ class TopAgg:
         vote_sum = tf.cast(vote_sum, tf.float32)
         num_images = int(vote_sum.shape[0])
         if noise is None:
-            noise = tf.random.stateless_normal(tf.shape(vote_sum), seed=seed,
-                                               dtype=tf.float32)
+            noise = tf.random.stateless_normal(self.noise_shape(tuple(vote_sum.shape)),
+                                               seed=seed, dtype=tf.float32)
         else:
             noise = tf.convert_to_tensor(noise, tf.float32)
-            if noise.shape != vote_sum.shape:
-                raise ValueError(f"noise must have the vote sum's shape {vote_sum.shape}, "
-                                 f"got {noise.shape}")
-        noisy = vote_sum + self.config.sigma * noise
-        if self.config.method is Aggregation.NO_THRESHOLD:
+            want = self.noise_shape(tuple(vote_sum.shape))
+            if tuple(noise.shape) != want:
+                raise ValueError(f"noise must have shape {want} (the vote sum's, or the "
+                                 f"sketch's for FetchSGD), got {tuple(noise.shape)}")
+        if self.sketch is not None:
+            update = self._fetchsgd_release(vote_sum, noise)
+        elif self.config.method is Aggregation.NO_THRESHOLD:
+            noisy = vote_sum + self.config.sigma * noise
             update = noisy / float(self.config.topk)      # post-processing, as the authors'
         else:
-            update = threshold_votes(noisy, self.threshold)
+            update = threshold_votes(vote_sum + self.config.sigma * noise, self.threshold)
         event = self.event(num_images)
         pass_fraction = float(tf.reduce_mean(tf.cast(update != 0, tf.float32)))
-        return TopAggResult(update, event, num_images, pass_fraction)
+        return TopAggResult(update, event, num_images, pass_fraction,
+                            accounting_proven=self.config.accounting_proven)
+
+    def _fetchsgd_release(self, vote_sum: tf.Tensor, noise: tf.Tensor) -> tf.Tensor:
+        """FetchSGD: unsketch, keep the top-k of |estimate|, threshold at +-beta N.
+
+        Proven accounting: the noise is on the sketch of the vote sum (the statistic whose
+        sensitivity :meth:`dclens.sketch.CountSketch.sensitivity` bounds); everything after
+        is post-processing.  The authors': unsketch and top-k first, then the noise on every
+        coordinate of that vector (their ``sketchtopk_aggregate``).
+        """
+        sketch, sigma, k = self.sketch, self.config.sigma, self.config.topk
+        table = sketch.sketch(vote_sum)
+        if self._noise_on_sketch:
+            table = table + sigma * tf.reshape(noise, tf.shape(table))
+        estimate = sketch.unsketch(table)
+        kept = tf.math.top_k(tf.abs(estimate), k=k).indices
+        mask = tf.reduce_sum(tf.one_hot(kept, tf.shape(estimate)[-1]), axis=1)
+        estimate = estimate * mask
+        if not self._noise_on_sketch:
+            estimate = estimate + sigma * noise
+        return threshold_votes(estimate, self.threshold)
 
     def __call__(self, grads: tf.Tensor, *, vote_seed: tf.Tensor,
                  noise_seed: tf.Tensor) -> TopAggResult:

@@ -364,7 +364,7 @@ class DataLens:
             if self.on_spend is not None:
                 self.on_spend(self.step, round_index, self.batch)
         with self.timer.phase("noise"):
-            noise = self.noise(round_index, tuple(vote_sum.shape))
+            noise = self.noise(round_index, self.topagg.noise_shape(tuple(vote_sum.shape)))
             result = self.topagg.release(vote_sum, noise=noise)
         if self.analysis_rdp is not None:
             noisy = (tf.cast(vote_sum, tf.float32) + self.config.topagg.sigma * noise).numpy()

@@ -51,9 +51,8 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "tanh": "the generator output is a sigmoid",
     "random_proj": "random projections are not implemented",
     "simple_gan": "only the DCGAN architecture is implemented",
-    "mean_kernel": "only top-k sign aggregation (--signsgd [--stochastic]) is implemented",
-    "sketchsgd": "FetchSGD (count-sketch aggregation) is not implemented yet; --aggregation "
-                 "lists the implemented ones",
+    "mean_kernel": "mean-kernel aggregation is not implemented; --aggregation lists the "
+                   "implemented ones",
     "pca": "DP-PCA is not implemented",
     "increasing_dim": "random projections are not implemented",
     "wgan": "only the standard GAN loss is implemented",
@@ -75,7 +74,7 @@ UNSUPPORTED_AUTHORS_FLAGS = {
 }
 
 BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "signsgd_nothresh", "klevelsgd", "signsgd_dept",
-                 "save_vote",
+                 "save_vote", "sketchsgd",
                  "shuffle", "non_private", "pretrain")
 
 
@@ -104,7 +103,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "num_samples": "train.num_samples", "shuffle": "train.balanced_partition",
                "non_private": "train.non_private", "conv_path": "train.conv_path",
                "fake_rendering": "train.fake_rendering", "klevel": "topagg.klevel",
-               "aggregation": "topagg.method",
+               "aggregation": "topagg.method", "sketch_accounting": "topagg.sketch_accounting",
                "signsgd_dept": "train.data_dependent_analysis"}
 
 
@@ -146,6 +145,9 @@ BOOLEAN_HELP = {
                "aggregation with --aggregation, --signsgd_nothresh or --klevelsgd)",
     "signsgd_nothresh": "top-k stochastic sign without the threshold: the noisy vote sum / "
                         "k is released (= --aggregation no_threshold; needs --stochastic)",
+    "sketchsgd": "FetchSGD: the top-k stochastic signs summed in a count sketch, unsketched, "
+                 "top-k, thresholded (= --aggregation fetchsgd; noise on the sketch unless "
+                 "--sketch_accounting authors_unproven)",
     "save_vote": "write every round's released (noisy, thresholded) update to "
                  "<checkpoint_dir>/votes/ (public); --save_raw_votes adds the raw sums",
     "signsgd_dept": "also compute the authors' data-dependent RDP bound of every call and "
@@ -218,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the teachers' gradients are aggregated (dclens/config.py Aggregation): the "
         "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
         "no_threshold, klevel (D2P-Fed); each charges its own sensitivity")
+    add("--sketch_accounting", choices=[a.value for a in cfg.SketchAccounting],
+        help="FetchSGD's noise and charge: proven (noise on the count sketch, its computed "
+        "sensitivity) or authors_unproven (the authors' 2 sqrt(k) after unsketching: NOT a "
+        "guarantee; the outputs say so)")
     add("--save_raw_votes", action="store_true", help="with the updates, also write the "
         "raw noise-free vote sums: NOT private, the run directory is marked "
         "PRIVATE-raw-votes.txt (allowed in any run because you ask for it by name)")
@@ -310,7 +316,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
                             else cfg.Aggregation.TOPK_SIGN)
     elif args.signsgd and preset_name == "authors":
         topagg["method"] = cfg.Aggregation.TOPK_SIGN   # --signsgd without --stochastic
-    named = [flag for flag in ("aggregation", "signsgd_nothresh", "klevelsgd")
+    named = [flag for flag in ("aggregation", "signsgd_nothresh", "klevelsgd", "sketchsgd")
              if getattr(args, flag)]
     if len(named) > 1:
         raise CliError(f"--{' and --'.join(named)} name different aggregations; give one")
@@ -323,6 +329,10 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
         topagg["method"] = cfg.Aggregation.NO_THRESHOLD
     elif args.klevelsgd:
         topagg["method"] = cfg.Aggregation.KLEVEL
+    elif args.sketchsgd:
+        topagg["method"] = cfg.Aggregation.FETCHSGD
+    if args.sketch_accounting is not None:
+        topagg["sketch_accounting"] = cfg.SketchAccounting(args.sketch_accounting)
     if args.klevel is not None:
         topagg["klevel"] = args.klevel
     if args.save_raw_votes:

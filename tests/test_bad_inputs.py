@@ -158,10 +158,10 @@ MATRIX = [
     Bad("authors' flag not supported yet", ("--wgan",),
         "main.py: error: --wgan (a flag of the authors' main.py) is not implemented in dclens "
         "yet: only the standard GAN loss is implemented"),
-    Bad("authors' flag not supported yet (--sketchsgd)", ("--sketchsgd",),
-        "main.py: error: --sketchsgd (a flag of the authors' main.py) is not implemented in "
-        "dclens yet: FetchSGD (count-sketch aggregation) is not implemented yet; "
-        "--aggregation lists the implemented ones"),
+    Bad("authors' flag not supported yet (--mean_kernel)", ("--mean_kernel",),
+        "main.py: error: --mean_kernel (a flag of the authors' main.py) is not implemented in "
+        "dclens yet: mean-kernel aggregation is not implemented; --aggregation lists the "
+        "implemented ones"),
 ]
 
 

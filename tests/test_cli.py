@@ -54,7 +54,7 @@ BAD_FLAGS = [
     (["--conversion", "bogus"], ["--conversion", "'bogus'"]),
     (["--frobnicate", "1"], ["unrecognized arguments", "--frobnicate 1"]),
     (["--wgan"], ["--wgan", "not implemented"]),
-    (["--sketchsgd"], ["--sketchsgd", "FetchSGD"]),
+    (["--mean_kernel"], ["--mean_kernel", "not implemented"]),
     (["--pca"], ["--pca", "not implemented"]),
     (["--step_size", "1e-4"], ["--step_size", "not implemented"]),
     (["--nowgan"], ["--wgan", "not implemented"]),
@@ -315,7 +315,7 @@ def test_help_lists_supported_flags_only(capsys):
     for flag in ("--sigma", "--topk", "--thresh", "--batch_teachers", "--teachers_batch",
                  "--checkpoint_dir", "--nostochastic", "--non_private"):
         assert flag in out
-    assert "--wgan" not in out and "--sketchsgd" not in out
+    assert "--wgan" not in out and "--mean_kernel" not in out
     assert "--save_vote" in out and "--aggregation" in out
 
 
@@ -356,6 +356,7 @@ def test_dataset_celeba_is_celeba_gender_with_a_note(capsys):
     (("--dataset", "fashion_mnist", "--klevelsgd", "--klevel", "3"), "klevel", 3),
     (("--dataset", "fashion_mnist", "--signsgd_nothresh", "--stochastic"), "no_threshold", 4),
     (("--aggregation", "no_topk"), "no_topk", 4),
+    (("--sketchsgd",), "fetchsgd", 4),
     (("--dataset", "fashion_mnist", "--signsgd", "--nostochastic"), "topk_sign", 4),
 ])
 def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method, klevel):
@@ -367,7 +368,7 @@ def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method,
 @pytest.mark.parametrize("flags, message", [
     (("--dataset", "fashion_mnist", "--signsgd_nothresh"), "add --stochastic"),
     (("--klevelsgd", "--aggregation", "no_topk"), "name different aggregations"),
-    (("--sketchsgd",), "FetchSGD"),
+    (("--sketchsgd", "--klevelsgd"), "name different aggregations"),
 ])
 def test_conflicting_or_missing_aggregations_are_refused(flags, message):
     with pytest.raises(cli.CliError, match=message):

@@ -203,3 +203,16 @@ def test_save_vote_writes_the_released_updates_and_raw_sums_only_when_asked(
         assert raw and marker.exists() and "Do not publish" in marker.read_text()
         assert vote_sum.shape == update.shape
         assert np.all(np.abs(vote_sum) <= TEACHERS) and np.abs(vote_sum).sum() > 0
+
+
+def test_unproven_fetchsgd_accounting_is_marked_in_the_outputs(tiny_fmnist_dir, tmp_path):
+    from dclens.config import Aggregation, SketchAccounting
+
+    config = tiny_config(tiny_fmnist_dir, steps=1).replace(topagg={
+        "method": Aggregation.FETCHSGD, "sketch_columns": 500,
+        "sketch_accounting": SketchAccounting.AUTHORS_UNPROVEN})
+    lines = []
+    run.train_run(config, str(tmp_path / "run"), progress=False, log=lines.append)
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert privacy["accounting_proven"] is False and privacy["aggregation"] == "fetchsgd"
+    assert any("NOT a guarantee" in line for line in lines)
