@@ -271,8 +271,12 @@ def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
     """Steps the budget allows (g_step rounds of B queries each): the progress bar's end."""
     if config.train.non_private:
         return total_steps
+    # The mechanism's noise multiplier, expressed as TopAgg's sigma / (2 sqrt(k)).
+    topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
+    equivalent_sigma = (config.topagg.sigma if lens.topagg.sensitivity == topagg_sensitivity
+                        else lens.topagg.noise_multiplier * topagg_sensitivity)
     return min(total_steps, accounting.max_steps_within(
-        sigma=config.topagg.sigma, topk=config.topagg.topk,
+        sigma=equivalent_sigma, topk=config.topagg.topk,
         queries_per_step=lens.batch * config.train.g_step, max_eps=config.budget.max_eps,
         delta=config.budget.delta, conversion=config.budget.conversion,
         orders=lens.ledger.orders))
