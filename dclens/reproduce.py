@@ -72,6 +72,8 @@ class ReproduceOptions:
       seed: fixes every random draw of training (DP noise included: not publishable).
       data_dir: where the data lies (None = the dataset's default).
       teacher_chunk: teachers processed together (memory only).
+      aggregation, thresh, topk: the paper's analysis rows (Tables 4-7) change these from
+        the Table 1 config (an :class:`dclens.config.Aggregation` value, beta, k).
     """
 
     dataset: str = "fashion_mnist"
@@ -85,6 +87,9 @@ class ReproduceOptions:
     seed: int | None = None
     data_dir: str | None = None
     teacher_chunk: int | None = None
+    aggregation: str | None = None
+    thresh: float | None = None
+    topk: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -98,7 +103,15 @@ class ReproduceOptions:
         if self.scale is not None and not (isinstance(self.scale, (int, float))
                                            and 0 < self.scale <= 1):
             raise ReproduceError(f"scale must be in (0, 1], got {self.scale!r}")
-        for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk"):
+        if self.aggregation is not None and self.aggregation not in {
+                a.value for a in cfg.Aggregation}:
+            raise ReproduceError(f"unknown aggregation {self.aggregation!r}; use one of "
+                                 f"{[a.value for a in cfg.Aggregation]}")
+        if self.thresh is not None and not (isinstance(self.thresh, (int, float))
+                                            and 0 <= self.thresh < 1):
+            raise ReproduceError(f"thresh must be in [0, 1), got {self.thresh!r}")
+        for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
+                     "topk"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -112,7 +125,8 @@ class ReproduceOptions:
         """``fashion_mnist-eps1`` for the paper config; every deviation that changes the
         result is in the name, so a shortened run never takes the paper run's folder:
         ``-t400`` (teachers), ``-e50`` (training capped at 50 epochs), ``-n10000``
-        (samples), ``-r6000`` (records), ``-nonprivate`` (the eps=inf row)."""
+        (samples), ``-r6000`` (records), ``-nonprivate`` (the eps=inf row), and what an
+        analysis row changes: ``-no_topk`` (aggregation), ``-b0`` (beta), ``-k100`` (top-k)."""
         name = f"{self.dataset}-eps{self.eps}"
         paper = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
         teachers = self.resolved_teachers(paper)
@@ -122,6 +136,13 @@ class ReproduceOptions:
                            (self.max_records, "r")):
             if value is not None:
                 name += f"-{tag}{value}"
+        paper_topagg = cfg.paper_preset(self.dataset, self.eps).topagg
+        if self.aggregation is not None and self.aggregation != paper_topagg.method.value:
+            name += f"-{self.aggregation}"
+        if self.thresh is not None and self.thresh != paper_topagg.thresh:
+            name += f"-b{self.thresh:g}"
+        if self.topk is not None and self.topk != paper_topagg.topk:
+            name += f"-k{self.topk}"
         if self.non_private:
             name += "-nonprivate"
         return name
@@ -172,6 +193,18 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
     if options.epochs is not None:
         train["epochs"] = options.epochs
         deviations.append(f"training capped at {options.epochs} epoch(s)")
+    if options.aggregation is not None and options.aggregation != paper.topagg.method.value:
+        topagg["method"] = cfg.Aggregation(options.aggregation)
+        deviations.append(f"aggregation {options.aggregation} instead of the paper's "
+                          f"{paper.topagg.method.value} (an analysis row, Tables 5-7)")
+    if options.thresh is not None and options.thresh != paper.topagg.thresh:
+        topagg["thresh"] = float(options.thresh)
+        deviations.append(f"beta = {options.thresh:g} instead of {paper.topagg.thresh:g} "
+                          f"(an analysis row, Tables 4 and 7)")
+    if options.topk is not None and options.topk != paper.topagg.topk:
+        topagg["topk"] = options.topk
+        deviations.append(f"top-k = {options.topk} instead of {paper.topagg.topk} (an "
+                          f"analysis row, Table 4)")
     config = paper.replace(train=train, topagg=topagg)
     if options.non_private:
         batch = min(config.train.batch_size, records // config.train.num_teachers)
@@ -398,6 +431,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         "accuracy": {
             "val": record["protocols"]["val"]["accuracy"],
             "sen": record["protocols"]["sen"]["accuracy"],
+            "authors": record["protocols"].get("authors", {}).get("accuracy"),
             "paper": options.paper_accuracy, "paper_source": PAPER_SOURCE,
             "independent": (dict(zip(("accuracy", "source"),
                                      INDEPENDENT[(options.dataset, options.eps)]))

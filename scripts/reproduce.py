@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (default 10; a 4000-teacher checkpoint is ~27 GB, so paper-scale runs "
         "may want 25)")
+    add("--aggregation", help="an analysis row: aggregation instead of the paper's "
+        "topk_stochastic_sign (no_topk, topk_sign, no_threshold, klevel, fetchsgd)")
+    add("--thresh", type=float, help="an analysis row: beta instead of the paper's")
+    add("--topk", type=int, help="an analysis row: top-k instead of the paper's")
     add("--out", help="report directory (default results/<name>)")
     add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
     add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             dataset=args.dataset, eps=args.eps, scale=args.scale, teachers=args.teachers,
             non_private=args.non_private, epochs=args.train_epochs,
             num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
-            data_dir=args.data_dir, teacher_chunk=args.teacher_chunk)
+            data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
+            aggregation=args.aggregation, thresh=args.thresh, topk=args.topk)
         settings = settings_from_args(args, args.dataset)
     except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
             config.ConfigError) as error:

@@ -191,3 +191,19 @@ def test_official_flag_gives_the_authors_schedule_and_flags_override_it():
     assert settings.official and settings.sen_on_all_data
     default = evaluate_cli.settings_from_args(parser.parse_args(["x.npz"]), "fashion_mnist")
     assert default.schedule.optimizer == "adam" and not default.sen_on_all_data
+
+
+def test_analysis_rows_change_only_what_they_name_and_say_so():
+    options = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=400,
+                                         aggregation="klevel", thresh=0.5, topk=100)
+    assert options.default_name() == "fashion_mnist-eps1-t400-klevel-b0.5-k100"
+    config, deviations = reproduce.build_config(options)
+    assert config.topagg.method.value == "klevel"
+    assert (config.topagg.thresh, config.topagg.topk) == (0.5, 100)
+    assert config.topagg.sigma == 5000.0                    # the paper's otherwise
+    assert any("aggregation klevel" in d for d in deviations)
+    same = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, thresh=0.9, topk=200,
+                                      aggregation="topk_stochastic_sign")
+    assert same.default_name() == "fashion_mnist-eps1"       # the paper's values: no change
+    with pytest.raises(reproduce.ReproduceError, match="unknown aggregation 'nope'"):
+        reproduce.ReproduceOptions(aggregation="nope")

@@ -1,0 +1,165 @@
+"""The paper's analysis tables (4-7) as rows of :func:`dclens.reproduce.reproduce`.
+
+Every row of a table runs at one shared scale (teachers, epochs cap, samples), differing
+from the Table 1 config only by what the paper's row changes (aggregation, beta, top-k,
+teachers), so the comparison is fair; the report puts the paper's number beside ours.
+
+Paper values (Wang et al., DataLens, CCS 2021; collected in shared/BASELINES.md 4.3-4.4):
+accuracy at epsilon = 1, delta = 1e-5.  Table 6 is the time per epoch of Table 5's rows
+(the paper's on one Tesla T4; ours on this machine's CPU).
+
+Rows run one after the other; each is an ordinary reproduction (resumable: a row whose
+report exists is read back, an unfinished run is resumed), so a table may take several
+sessions at the paper scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable
+
+from dclens import export, reproduce
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row: its label, the options it changes, the paper's value per dataset."""
+
+    label: str
+    changes: dict
+    paper: dict[str, float]
+    paper_seconds_per_epoch: dict[str, float] | None = None
+
+
+def _row(label, paper, paper_seconds=None, **changes) -> Row:
+    return Row(label, changes, paper, paper_seconds)
+
+
+TABLES: dict[str, tuple[str, list[Row]]] = {
+    "7": ("Table 7: ablation of TopAgg's components (epsilon = 1)", [
+        _row("full TopAgg", {"mnist": 0.7123, "fashion_mnist": 0.6478,
+                             "celebA-gender": 0.7058}),
+        _row("- top-k (all D coordinates vote)", {"mnist": 0.5170, "fashion_mnist": 0.4775,
+                                                  "celebA-gender": 0.6134},
+             aggregation="no_topk"),
+        _row("- stochastic quantisation (deterministic sign)",
+             {"mnist": 0.6741, "fashion_mnist": 0.6159, "celebA-gender": 0.6889},
+             aggregation="topk_sign"),
+        _row("- threshold (beta = 0)", {"mnist": 0.6361, "fashion_mnist": 0.5859,
+                                        "celebA-gender": 0.6860}, thresh=0.0),
+    ]),
+    "5": ("Tables 5-6: TopAgg vs D2P-Fed vs FetchSGD (epsilon = 1; seconds per epoch)", [
+        _row("TopAgg", {"mnist": 0.7123, "fashion_mnist": 0.6478, "celebA-gender": 0.7058},
+             {"mnist": 338.34, "fashion_mnist": 340.84, "celebA-gender": 1196.60}),
+        _row("D2P-Fed (klevel, L = 4)", {"mnist": 0.1424, "fashion_mnist": 0.1667,
+                                         "celebA-gender": 0.4445},
+             {"mnist": 492.43, "fashion_mnist": 471.02, "celebA-gender": 3683.22},
+             aggregation="klevel"),
+        _row("FetchSGD (proven accounting)", {"mnist": 0.6935, "fashion_mnist": 0.6387,
+                                              "celebA-gender": 0.6552},
+             {"mnist": 785.34, "fashion_mnist": 775.35, "celebA-gender": 2622.40},
+             aggregation="fetchsgd"),
+    ]),
+    "4k": ("Table 4(a): top-k (epsilon = 1)", [
+        _row(f"top-k = {k}", {"mnist": m, "fashion_mnist": f}, topk=k)
+        for k, m, f in ((100, 0.5889, 0.5738), (200, 0.7123, 0.6478), (300, 0.6753, 0.6088))
+    ]),
+    "4t": ("Table 4(a): number of teachers (epsilon = 1)", [
+        _row(f"{n} teachers", {"mnist": m, "fashion_mnist": f}, teachers=n)
+        for n, m, f in ((2000, 0.5841, 0.5608), (3000, 0.7061, 0.5952), (4000, 0.7123, 0.6478))
+    ]),
+    "4b": ("Table 4(a): threshold beta (epsilon = 1)", [
+        _row(f"beta = {b:g}", {"mnist": m, "fashion_mnist": f}, thresh=b)
+        for b, m, f in ((0.0, 0.6361, 0.5859), (0.1, 0.6450, 0.6103), (0.3, 0.6890, 0.6060),
+                        (0.5, 0.6921, 0.6122), (0.7, 0.7123, 0.6213), (0.9, 0.6956, 0.6478))
+    ]),
+}
+TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
+
+
+def row_options(base: reproduce.ReproduceOptions, row: Row) -> reproduce.ReproduceOptions:
+    """The row's options: the shared ones with the row's changes (its own teacher count
+    wins over the shared scale)."""
+    changes = dict(row.changes)
+    if "teachers" in changes:
+        changes["scale"] = None
+    return dataclasses.replace(base, **changes)
+
+
+def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
+              run_root: str = os.path.join("runs", "tables"),
+              log: Callable[[str], None] = print, **reproduce_kwargs) -> dict:
+    """Runs (or reads back) every row of ``table``; writes ``table.json`` and ``table.md``."""
+    if table not in TABLES:
+        raise reproduce.ReproduceError(f"unknown table {table!r}; use one of {sorted(TABLES)}")
+    if base.eps != 1:
+        raise reproduce.ReproduceError("the paper's analysis tables are at epsilon = 1")
+    title, rows = TABLES[table]
+    results = []
+    for row in rows:
+        options = row_options(base, row)
+        name = options.default_name()
+        row_out = os.path.join(out_dir, name)
+        report_path = os.path.join(row_out, "report.json")
+        if os.path.exists(report_path):
+            log(f"{row.label}: reading the finished row {report_path}")
+            with open(report_path) as stream:
+                report = json.load(stream)
+        else:
+            log(f"{row.label}: running {name}")
+            report = reproduce.reproduce(options, out_dir=row_out,
+                                         run_dir=os.path.join(run_root, name), log=log,
+                                         **reproduce_kwargs)
+        privacy = report["privacy"]
+        steps = privacy.get("steps") or 0
+        train_seconds = report["seconds"].get("train")
+        steps_per_epoch = max(1, (report.get("partition_size") or 0)
+                              // max(1, report.get("batch") or 1))
+        results.append({
+            "row": row.label, "name": name, "changes": row.changes,
+            "paper": row.paper.get(base.dataset),
+            "paper_seconds_per_epoch": (row.paper_seconds_per_epoch or {}).get(base.dataset),
+            "val": report["accuracy"]["val"], "sen": report["accuracy"]["sen"],
+            "authors": report["accuracy"].get("authors"),
+            "epsilon": (privacy.get("epsilon") or {}).get("epsilon"),
+            "steps": steps,
+            "seconds_per_epoch": (train_seconds / steps * steps_per_epoch
+                                  if train_seconds and steps else None),
+            "deviations": report["deviations"],
+        })
+    summary = {"table": table, "title": title, "dataset": base.dataset,
+               "options": dataclasses.asdict(base), "rows": results}
+    os.makedirs(out_dir, exist_ok=True)
+    export.write_json(os.path.join(out_dir, "table.json"), summary)
+    export.atomic_write(os.path.join(out_dir, "table.md"),
+                        lambda s: s.write(render(summary)), mode="w")
+    log(f"table: {os.path.join(out_dir, 'table.md')}")
+    return summary
+
+
+def _cell(value, digits: int = 4) -> str:
+    return "--" if value is None else f"{value:.{digits}f}"
+
+
+def render(summary: dict) -> str:
+    """The table as Markdown: paper beside ours under each protocol."""
+    lines = [f"# {summary['title']} -- {summary['dataset']}", "",
+             "Ours: `val` (headline, epoch chosen on held-out synthetic data), `sen` (best "
+             "test accuracy over the classifier's epochs, the authors' selection). Every row "
+             "shares the scale below; each row's deviations from the paper's Table 1 config "
+             "are listed under the table.", "",
+             "| row | paper | val | sen | epsilon | steps | s/epoch (ours) | s/epoch (paper, T4) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(f"| {r['row']} | {_cell(r['paper'])} | {_cell(r['val'])} | "
+                     f"{_cell(r['sen'])} | {_cell(r['epsilon'])} | {r['steps']} | "
+                     f"{_cell(r['seconds_per_epoch'], 1)} | "
+                     f"{_cell(r['paper_seconds_per_epoch'], 1)} |")
+    lines += ["", "Shared options: `" + json.dumps(
+        {k: v for k, v in summary["options"].items() if v is not None}) + "`", ""]
+    for r in summary["rows"]:
+        lines.append(f"* {r['row']} (`{r['name']}`): " + ("; ".join(r["deviations"])
+                                                          or "the paper's Table 1 config"))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Runs one of the paper's analysis tables: every row at one shared scale, a report each,
+and one table with the paper's numbers beside ours.
+
+  python scripts/tables.py --table 7 fashion_mnist --checkpoint_every 25   # paper scale
+  python scripts/tables.py --table 5 fashion_mnist --teachers 400 --train_epochs 20
+  python scripts/tables.py --table 4b fashion_mnist --teachers 400 --dry_run
+
+Tables: 7 (ablation: - top-k, - stochastic quantisation, - threshold), 5 (TopAgg vs
+D2P-Fed vs FetchSGD; their seconds per epoch are Table 6), 4k / 4t / 4b (Table 4(a):
+top-k, teachers, beta).  All at epsilon = 1 (the paper's).  Each row is a reproduction
+(scripts/reproduce.py) in results/tables/<table>-<dataset>[-scale]/<row>/ with its run in
+runs/tables/<row>/; a finished row is read back, an unfinished one resumed, so a table
+may span several sessions.  The classifier and evaluation flags are reproduce.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from evaluate import add_eval_arguments, settings_from_args  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tables.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
+    add = parser.add_argument
+    add("dataset", choices=("mnist", "fashion_mnist", "celebA-gender"))
+    add("--table", required=True, choices=("7", "5", "4k", "4t", "4b"))
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--scale", type=float, help="fraction of the paper's teachers")
+    scale.add_argument("--teachers", type=int, help="teachers of every row (Table 4t's rows "
+                       "set their own)")
+    add("--train_epochs", type=int, help="cap every row's training at N epochs")
+    add("--num_samples", type=int, help="synthetic samples per row (paper: 100000)")
+    add("--max_records", type=int, help="train on the first N records only")
+    add("--data_dir")
+    add("--teacher_chunk", type=int)
+    add("--checkpoint_every", type=int, default=10)
+    add("--out", help="table directory (default results/tables/<table>-<dataset>[-scale])")
+    add("--dry_run", action="store_true", help="print each row's options and exit")
+    add("--quiet", action="store_true")
+    add_eval_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from dclens import reproduce, tables
+
+    try:
+        base = reproduce.ReproduceOptions(
+            dataset=args.dataset, eps=1, scale=args.scale, teachers=args.teachers,
+            epochs=args.train_epochs, num_samples=args.num_samples,
+            max_records=args.max_records, data_dir=args.data_dir,
+            teacher_chunk=args.teacher_chunk)
+    except reproduce.ReproduceError as error:
+        parser.error(str(error))
+    scale_tag = base.default_name()[len(f"{args.dataset}-eps1"):]
+    out = args.out or os.path.join("results", "tables",
+                                   f"table{args.table}-{args.dataset}{scale_tag}")
+    if args.dry_run:
+        for row in tables.TABLES[args.table][1]:
+            options = tables.row_options(base, row)
+            changed = {k: v for k, v in dataclasses.asdict(options).items()
+                       if v is not None and k not in ("dataset", "eps")}
+            print(f"{row.label}: {options.default_name()} {changed}")
+        print(f"table directory: {out}")
+        return 0
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    try:
+        settings = settings_from_args(args, args.dataset)
+        summary = tables.run_table(args.table, base, out_dir=out, log=log,
+                                   settings=settings, cache_dir=args.cache_dir,
+                                   progress=not args.quiet,
+                                   checkpoint_every=args.checkpoint_every)
+    except (reproduce.ReproduceError, ValueError, OSError) as error:
+        print(f"tables.py: error: {error}", file=sys.stderr)
+        return 2
+    for row in summary["rows"]:
+        print(f"{row['row']}: val {row['val']:.4f} | sen {row['sen']:.4f} | paper "
+              f"{row['paper']}")
+    return 0
+
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.import_tensorflow_quietly()
+    sys.exit(main())
