@@ -93,9 +93,10 @@ class Aggregation(enum.Enum):
     #: paper's Table 7 "- threshold" column equals its beta = 0 column: ``thresh=0``.)
     NO_THRESHOLD = "no_threshold"
     #: D2P-Fed (paper Alg. 5-6; authors' ``--klevelsgd --klevel L``): every coordinate
-    #: stochastically quantised to L levels {-L/2, ..., L/2 - 1} over [-c, c], no top-k,
-    #: no rotation (commented out in the authors' code, so not in the paper's numbers);
-    #: summed, noised, thresholded.  Sensitivity (L - 1) sqrt(D).
+    #: stochastically quantised to L levels {-L/2, ..., L/2 - 1} over [-c, c], no top-k;
+    #: summed, noised, thresholded.  Sensitivity (L - 1) sqrt(D).  The paper's random
+    #: rotation is commented out in the authors' code (so not in the paper's numbers) and
+    #: off by default here; ``klevel_rotation`` turns it on.
     KLEVEL = "klevel"
     #: FetchSGD (paper Alg. 7; authors' ``--sketchsgd``): the teachers' top-k stochastic
     #: signs summed into a count sketch (``sketch_rows`` x ``sketch_columns``), unsketched,
@@ -155,6 +156,9 @@ class TopAggConfig:
       sketch_rows, sketch_columns, sketch_seed: the count sketch of ``Aggregation.FETCHSGD``
         (the authors' ``CSVec(d, c=10000, r=20)``); the seed of its public hashes.
       sketch_accounting: :class:`SketchAccounting`.
+      klevel_rotation, rotation_seed: D2P-Fed's random rotation (a public orthogonal D x D
+        matrix from the seed): teachers quantise R clip(g); the thresholded aggregate is
+        rotated back with R^T.
     """
 
     topk: int = 200
@@ -167,6 +171,8 @@ class TopAggConfig:
     sketch_columns: int = 10_000
     sketch_seed: int = 0
     sketch_accounting: SketchAccounting = SketchAccounting.PROVEN
+    klevel_rotation: bool = False
+    rotation_seed: int = 0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.topk) and self.topk >= 1,
@@ -185,6 +191,10 @@ class TopAggConfig:
             value = getattr(self, name)
             _require(_is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")
+        _require(isinstance(self.klevel_rotation, bool),
+                 f"klevel_rotation must be true or false, got {self.klevel_rotation!r}")
+        _require(_is_int(self.rotation_seed) and self.rotation_seed >= 0,
+                 f"rotation_seed must be an integer >= 0, got {self.rotation_seed!r}")
         _require(_is_int(self.sketch_seed) and self.sketch_seed >= 0,
                  f"sketch_seed must be an integer >= 0, got {self.sketch_seed!r}")
         _require(isinstance(self.sketch_accounting, SketchAccounting),

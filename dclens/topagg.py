@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 
 import dp_accounting
+import numpy as np
 import tensorflow as tf
 
 from dclens import accounting, vote_op
@@ -179,6 +180,21 @@ def klevel_values(grads: tf.Tensor, uniforms: tf.Tensor, *, levels: int,
     return level - levels / 2.0
 
 
+#: Largest image dimension for which D2P-Fed's dense D x D rotation is built (64 MiB).
+MAX_ROTATION_DIM = 4096
+
+
+def random_rotation(dim: int, seed: int) -> np.ndarray:
+    """A Haar-random orthogonal matrix float32 [D, D] from a public seed (QR of a Gaussian
+    matrix with the signs of R's diagonal folded in)."""
+    if dim > MAX_ROTATION_DIM:
+        raise ValueError(f"a dense random rotation of dimension {dim} is too large (limit "
+                         f"{MAX_ROTATION_DIM}); run D2P-Fed without --klevel_rotation")
+    gaussian = np.random.default_rng(seed).standard_normal((dim, dim))
+    q, r = np.linalg.qr(gaussian)
+    return (q * np.sign(np.diag(r))).astype(np.float32)
+
+
 def klevel_sum(grads: tf.Tensor, uniforms: tf.Tensor, *, levels: int,
                bound: float) -> tf.Tensor:
     """sum over teachers of :func:`klevel_values`: float32 [B, D] (exact: multiples of
@@ -241,6 +257,9 @@ class TopAgg:
         self.dim = dim
         self.sketch = (config.count_sketch(dim) if config.method is Aggregation.FETCHSGD
                        else None)
+        self.rotation = (tf.constant(random_rotation(dim, config.rotation_seed))
+                         if config.method is Aggregation.KLEVEL and config.klevel_rotation
+                         else None)
         self._sensitivity = config.sensitivity(dim or 0)
 
     @property
@@ -307,6 +326,9 @@ class TopAgg:
         else:
             uniforms = None
         if method is Aggregation.KLEVEL:
+            if self.rotation is not None:     # R clip(g), per teacher and image
+                clipped = tf.clip_by_value(grads, -self.config.max_grad, self.config.max_grad)
+                grads = tf.linalg.matmul(clipped, self.rotation, transpose_b=True)
             return klevel_sum(grads, uniforms, levels=self.config.klevel,
                               bound=self.config.max_grad)
         if method is Aggregation.TOPK_SIGN:
@@ -354,8 +376,11 @@ class TopAgg:
             update = noisy / float(self.config.topk)      # post-processing, as the authors'
         else:
             update = threshold_votes(vote_sum + self.config.sigma * noise, self.threshold)
+        passed = float(tf.reduce_mean(tf.cast(update != 0, tf.float32)))
+        if self.rotation is not None:         # back from the rotated basis: R^T g_bar
+            update = tf.linalg.matmul(update, self.rotation)
         event = self.event(num_images)
-        pass_fraction = float(tf.reduce_mean(tf.cast(update != 0, tf.float32)))
+        pass_fraction = passed
         return TopAggResult(update, event, num_images, pass_fraction,
                             accounting_proven=self.config.accounting_proven)
 

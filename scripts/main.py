@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         "raw noise-free vote sums: NOT private, the run directory is marked "
         "PRIVATE-raw-votes.txt (allowed in any run because you ask for it by name)")
     add("--klevel", type=int, help="quantisation levels of --aggregation klevel")
+    add("--klevel_rotation", action="store_true", help="D2P-Fed with the paper's random "
+        "rotation (commented out in the authors' code, so not in their numbers)")
     add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering],
         help="the teachers' fake batches: class_grid renders each class once per step "
         "(K*B images); teacher_labels renders G(z, y_i) per teacher label sequence as the "
@@ -335,6 +337,8 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
         topagg["sketch_accounting"] = cfg.SketchAccounting(args.sketch_accounting)
     if args.klevel is not None:
         topagg["klevel"] = args.klevel
+    if args.klevel_rotation:
+        topagg["klevel_rotation"] = True
     if args.save_raw_votes:
         train["save_votes"] = cfg.SaveVotes.RAW_SUMS
     elif args.save_vote:

@@ -243,3 +243,50 @@ def test_fetchsgd_authors_accounting_is_marked_unproven():
     assert result.accounting_proven is False
     assert proven.release(tf.zeros((B, D), tf.int32),
                           seed=tf.constant([1, 2])).accounting_proven is True
+
+
+# ------------------------------------------------------------ D2P-Fed's rotation
+def test_random_rotation_is_orthogonal_and_seeded():
+    r = topagg.random_rotation(30, 4)
+    np.testing.assert_allclose(r @ r.T, np.eye(30), atol=1e-5)
+    np.testing.assert_array_equal(r, topagg.random_rotation(30, 4))
+    assert not np.allclose(r, topagg.random_rotation(30, 5))
+    with pytest.raises(ValueError, match="too large"):
+        topagg.random_rotation(topagg.MAX_ROTATION_DIM + 1, 0)
+
+
+def _rotated(thresh=0.3):
+    return topagg.TopAgg(TopAggConfig(topk=K, sigma=1.0, thresh=thresh, max_grad=C,
+                                      method=Aggregation.KLEVEL, klevel_rotation=True,
+                                      rotation_seed=2), num_teachers=T, dim=D)
+
+
+def test_rotated_klevel_keeps_its_sensitivity_under_adversarial_swaps():
+    agg = _rotated()
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for trial in range(100):
+        grads = (rng.standard_normal((T, B, D)) * C * 10.0 ** rng.uniform(-1, 1)
+                 ).astype(np.float32)
+        uniforms = rng.uniform(size=(T, B, D)).astype(np.float32)
+        swapped, swapped_u = grads.copy(), uniforms.copy()
+        swapped[0] = -grads[0] if trial % 2 else rng.standard_normal((B, D)) * C * 50
+        swapped_u[0] = rng.uniform(size=(B, D))
+        moved = np.sqrt(((_statistic(agg, grads, uniforms)
+                          - _statistic(agg, swapped, swapped_u)) ** 2).sum(axis=-1))
+        worst = max(worst, float(moved.max()))
+    assert worst <= agg.sensitivity == 3 * math.sqrt(D)
+
+
+def test_rotated_klevel_quantises_the_rotated_gradient_and_rotates_the_update_back():
+    agg = _rotated(thresh=0.0)
+    rng = np.random.default_rng(8)
+    grads = (rng.standard_normal((T, B, D)) * C).astype(np.float32)
+    uniforms = rng.uniform(size=(T, B, D)).astype(np.float32)
+    rotation = topagg.random_rotation(D, 2)
+    rotated = np.clip(grads, -C, C) @ rotation.T
+    want_sum = topagg.klevel_sum(rotated, uniforms, levels=4, bound=C).numpy()
+    got_sum = agg.vote_sum(tf.constant(grads), uniforms=tf.constant(uniforms)).numpy()
+    np.testing.assert_array_equal(got_sum, want_sum)
+    update = agg.release(tf.constant(got_sum), noise=tf.zeros((B, D))).update.numpy()
+    np.testing.assert_allclose(update, np.sign(want_sum) @ rotation, atol=1e-5)
