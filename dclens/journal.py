@@ -17,8 +17,9 @@ the run resumed from, and the resumed run spends again for the steps it redoes. 
 resumed run's epsilon after any step is >= an uninterrupted run's, and equal when the kill
 fell on a checkpoint boundary (no entry after the checkpoint).
 
-Units: the ledger holds RDP of Gaussian mechanisms with noise multiplier sigma/(2 sqrt(k)),
-one per query; epsilon is reported at the run's delta (see :mod:`dclens.accounting`).
+Units: the ledger holds RDP of Gaussian mechanisms with the aggregation's noise multiplier
+(sigma / sensitivity; TopAgg: sigma / (2 sqrt(k))), one per query; epsilon is reported at
+the run's delta (see :mod:`dclens.accounting`).
 """
 
 from __future__ import annotations

@@ -308,10 +308,11 @@ class TopAgg:
 
     def vote_sum(self, grads: tf.Tensor, *, seed: tf.Tensor | None = None,
                  uniforms: tf.Tensor | None = None) -> tf.Tensor:
-        """Summed votes int32 [B, D] of a chunk of teachers' gradients [T, B, ...].
+        """Summed votes [B, D] of a chunk of teachers' gradients [T, B, ...] (int32; float32
+        k-level values for D2P-Fed).
 
-        The stochastic sign's draws are :meth:`uniforms` of ``seed``, or ``uniforms``
-        [T, B, k] in top-k order when given (see :mod:`dclens.draws`); the deterministic
+        The draws are :meth:`uniforms` of ``seed``, or ``uniforms`` [T, B,
+        :meth:`uniform_count`] when given (see :mod:`dclens.draws`); the deterministic
         sign needs neither.  Uses the custom op when it is available (``backend="auto"``,
         see :func:`summed_votes`).
         """
@@ -379,9 +380,7 @@ class TopAgg:
         passed = float(tf.reduce_mean(tf.cast(update != 0, tf.float32)))
         if self.rotation is not None:         # back from the rotated basis: R^T g_bar
             update = tf.linalg.matmul(update, self.rotation)
-        event = self.event(num_images)
-        pass_fraction = passed
-        return TopAggResult(update, event, num_images, pass_fraction,
+        return TopAggResult(update, self.event(num_images), num_images, passed,
                             accounting_proven=self.config.accounting_proven)
 
     def _fetchsgd_release(self, vote_sum: tf.Tensor, noise: tf.Tensor) -> tf.Tensor:

@@ -165,7 +165,7 @@ def test_release_with_given_noise_is_sum_plus_sigma_noise_thresholded():
                                   [[1.0, 0.0, -1.0, -1.0]])
     with pytest.raises(ValueError, match="exactly one of seed= and noise="):
         agg.release(vote_sum)
-    with pytest.raises(ValueError, match="vote sum's shape"):
+    with pytest.raises(ValueError, match=r"noise must have shape \(1, 4\)"):
         agg.release(vote_sum, noise=noise[:, :2])
     with pytest.raises(ValueError, match="exactly one of seed= and uniforms="):
         agg.vote_sum(tf.zeros((1, 1, 4)))
