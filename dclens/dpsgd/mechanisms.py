@@ -1,0 +1,142 @@
+"""Private aggregation of per-example gradients: DP-SGD (GM-DP) and TopAgg for DP-SGD.
+
+One step of DP-SGD (Abadi et al. 2016) on a Poisson-sampled batch (each of the n examples
+joins independently with probability q = B / n):
+
+1. every example's gradient g_x is clipped to L2 norm C: g_x / max(1, ||g_x|| / C);
+2. (TopAgg, DataLens App. A Alg. 4) **NormTopK** keeps the largest squared coordinates of
+   the clipped gradient while their running sum stays <= k ||g||^2 (0 < k <= 1, a
+   *fraction*), zeroing the rest, so ||NormTopK(g)||^2 <= k ||g||^2 <= k C^2;
+3. the kept gradients are summed, N(0, (sigma * Delta)^2 I) is added with Delta the L2
+   sensitivity -- C for GM-DP, sqrt(k) C for NormTopK -- and the sum is divided by the
+   expected batch size B.
+
+Adding or removing one example changes the sum by its own processed gradient, whose norm
+is at most Delta by construction, so each step is the Poisson-subsampled Gaussian
+mechanism with noise multiplier sigma: ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``
+(add-or-remove-one adjacency), composed over steps.  GM-DP is NormTopK with k = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+
+
+class Method(enum.Enum):
+    """How the clipped per-example gradients are aggregated."""
+
+    #: DP-SGD, the Gaussian mechanism on the sum of clipped gradients (DataLens "GM-DP").
+    GM = "gm"
+    #: TopAgg for DP-SGD (DataLens App. A, Alg. 4): NormTopK of each clipped gradient.
+    TOPAGG = "topagg"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateAggregation:
+    """The per-step mechanism (see the module docstring).
+
+    Attributes:
+      method: :class:`Method`.
+      clip: C, the per-example L2 clip.
+      sigma: noise multiplier (noise std / sensitivity); 0 only for a non-private run.
+      topk: k in (0, 1], the fraction of the squared norm NormTopK keeps (TOPAGG only).
+    """
+
+    method: Method = Method.GM
+    clip: float = 1.0
+    sigma: float = 1.0
+    topk: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, Method):
+            raise ValueError(f"method must be a Method, got {self.method!r}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"sigma must be a finite number >= 0, got {self.sigma!r}")
+        if not 0 < self.topk <= 1:
+            raise ValueError(f"topk must be a fraction in (0, 1], got {self.topk!r}")
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the summed processed gradients to one example."""
+        if self.method is Method.TOPAGG:
+            return math.sqrt(self.topk) * self.clip
+        return self.clip
+
+    def event(self, sampling_rate: float, steps: int = 1) -> dp_accounting.DpEvent:
+        """``steps`` Poisson-subsampled Gaussian mechanisms with noise multiplier sigma."""
+        if self.sigma == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        event = dp_accounting.PoissonSampledDpEvent(
+            sampling_probability=sampling_rate,
+            event=dp_accounting.GaussianDpEvent(noise_multiplier=self.sigma))
+        return event if steps == 1 else dp_accounting.SelfComposedDpEvent(event, steps)
+
+    def process(self, per_example: tf.Tensor) -> tf.Tensor:
+        """Clipped (and for TOPAGG, NormTopK-compressed) per-example gradients [B, P]."""
+        clipped = clip_rows(per_example, self.clip)
+        if self.method is Method.TOPAGG:
+            return norm_topk(clipped, self.topk)
+        return clipped
+
+    def aggregate(self, per_example: tf.Tensor, *, expected_batch: float,
+                  noise: tf.Tensor) -> tf.Tensor:
+        """(sum of processed gradients + sigma * Delta * noise) / expected batch size.
+
+        ``noise``: standard normal draws [P] (explicit randomness, one key per step).
+        """
+        total = tf.reduce_sum(self.process(per_example), axis=0)
+        return (total + self.sigma * self.sensitivity * noise) / expected_batch
+
+
+def clip_rows(rows: tf.Tensor, clip: float) -> tf.Tensor:
+    """Each row g scaled to g / max(1, ||g|| / C)."""
+    norms = tf.norm(rows, axis=1, keepdims=True)
+    return rows / tf.maximum(1.0, norms / clip)
+
+
+def norm_topk(rows: tf.Tensor, fraction: float) -> tf.Tensor:
+    """NormTopK of each row: keep the largest squared coordinates while their cumulative sum
+    is <= fraction * ||g||^2 (the largest is always kept when fraction = 1), zero the rest;
+    ties in g^2 are taken in index order."""
+    rows = tf.convert_to_tensor(rows, tf.float32)
+    squares = tf.square(rows)
+    order = tf.argsort(squares, axis=1, direction="DESCENDING", stable=True)
+    cumulative = tf.cumsum(tf.gather(squares, order, batch_dims=1), axis=1)
+    target = fraction * tf.reduce_sum(squares, axis=1, keepdims=True)
+    keep_sorted = cumulative <= target
+    if fraction >= 1.0:
+        keep_sorted = tf.ones_like(keep_sorted)      # k = 1: GM-DP, everything kept
+    # Scatter the sorted mask back to coordinate order.
+    inverse = tf.argsort(order, axis=1, stable=True)
+    keep = tf.gather(keep_sorted, inverse, batch_dims=1)
+    return tf.where(keep, rows, tf.zeros_like(rows))
+
+
+def poisson_batch(rng: np.random.Generator, num_examples: int, rate: float) -> np.ndarray:
+    """Indices of a Poisson-sampled batch: every example joins independently w.p. ``rate``
+    (the sampling the accounting assumes; the batch size varies, may be 0)."""
+    return np.flatnonzero(rng.random(num_examples) < rate)
+
+
+def per_example_gradients(model, loss_fn, images: tf.Tensor, labels: tf.Tensor
+                          ) -> tf.Tensor:
+    """Every example's gradient of its own loss, flattened: [B, P] (vectorised).
+
+    ``loss_fn(labels, outputs)`` must return one loss per example.  Computed as the
+    Jacobian of the per-example losses with TF's parallel-for (no Python loop); the model
+    must not mix examples (no batch norm in training mode).
+    """
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        losses = loss_fn(labels, model(images, training=False))
+    jacobians = tape.jacobian(losses, variables, experimental_use_pfor=True)
+    batch = tf.shape(images)[0]
+    return tf.concat([tf.reshape(j, (batch, -1)) for j in jacobians], axis=1)

@@ -1,0 +1,117 @@
+"""DP-SGD mechanisms (dclens/dpsgd/): per-example gradients against a slow loop, clipping,
+NormTopK, the sensitivity under an adversarial one-example change, noise, and the event."""
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dclens.dpsgd import mechanisms as mech
+from dclens.dpsgd.models import sample_convnet
+
+
+def _loss(labels, logits):
+    return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def test_per_example_gradients_equal_a_slow_loop():
+    model = sample_convnet(seed=0)
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.uniform(size=(4, 28, 28, 1)).astype(np.float32))
+    labels = tf.constant([1, 5, 5, 9])
+    got = mech.per_example_gradients(model, _loss, images, labels).numpy()
+    for i in range(4):
+        with tf.GradientTape() as tape:
+            loss = _loss(labels[i:i + 1], model(images[i:i + 1], training=False))[0]
+        want = np.concatenate([g.numpy().ravel()
+                               for g in tape.gradient(loss, model.trainable_variables)])
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-7)
+    assert got.shape[1] == sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+
+
+def test_clipping_bounds_every_row_and_leaves_small_rows():
+    rows = tf.constant([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
+    clipped = mech.clip_rows(rows, 1.0).numpy()
+    np.testing.assert_allclose(clipped, [[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]], rtol=1e-6)
+
+
+def _slow_norm_topk(row, fraction):
+    order = sorted(range(len(row)), key=lambda i: (-row[i] ** 2, i))
+    target, total, out = fraction * float(np.sum(row ** 2)), 0.0, np.zeros_like(row)
+    for i in order:
+        total += float(row[i]) ** 2
+        if total > target and fraction < 1:
+            break
+        out[i] = row[i]
+    return out
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.8, 1.0])
+def test_norm_topk_matches_a_slow_reference_and_bounds_the_norm(fraction):
+    rng = np.random.default_rng(1)
+    rows = (rng.standard_normal((6, 50)) * rng.uniform(0.1, 3, size=(6, 1))).astype(np.float32)
+    got = mech.norm_topk(tf.constant(rows), fraction).numpy()
+    for row, kept in zip(rows, got):
+        np.testing.assert_array_equal(kept, _slow_norm_topk(row, fraction))
+        assert np.sum(kept ** 2) <= fraction * np.sum(row ** 2) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("method, topk", [(mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.7)])
+def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):
+    agg = mech.PrivateAggregation(method=method, clip=2.0, sigma=0.0, topk=topk)
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for trial in range(100):
+        batch = rng.standard_normal((8, 40)).astype(np.float32) * 5
+        extra = rng.standard_normal((1, 40)).astype(np.float32) * 10.0 ** rng.uniform(-2, 4)
+        if trial % 3 == 0:
+            extra = np.zeros((1, 40), np.float32)
+            extra[0, trial % 40] = 1e6                       # a spike
+        with_it = tf.reduce_sum(agg.process(tf.constant(np.vstack([batch, extra]))), 0)
+        without = tf.reduce_sum(agg.process(tf.constant(batch)), 0)
+        worst = max(worst, float(tf.norm(with_it - without)))
+    assert worst <= agg.sensitivity * (1 + 1e-6)
+    # Reached: an example of norm >= C spread evenly over 40 coordinates (k * 40 = 28).
+    even = np.full((1, 40), 10.0, np.float32)
+    moved = float(tf.norm(tf.reduce_sum(agg.process(tf.constant(even)), 0)))
+    assert moved == pytest.approx(agg.sensitivity, rel=1e-5)
+
+
+def test_noise_off_is_the_mean_of_the_processed_gradients_and_noise_has_its_std():
+    agg = mech.PrivateAggregation(method=mech.Method.TOPAGG, clip=1.0, sigma=2.0, topk=0.5)
+    rows = tf.constant(np.random.default_rng(3).standard_normal((5, 30)).astype(np.float32))
+    exact = agg.aggregate(rows, expected_batch=4.0, noise=tf.zeros(30)).numpy()
+    np.testing.assert_allclose(exact, tf.reduce_sum(agg.process(rows), 0).numpy() / 4.0,
+                               rtol=1e-6)
+    # Noise std sigma * sqrt(k) * C / B over 40,000 coordinates; the sample std's relative
+    # standard error is 1/sqrt(2 * 40000) = 0.35%: tolerance 2% (> 5 standard errors).
+    noise = tf.random.stateless_normal((40_000,), seed=[4, 5])
+    noisy = agg.aggregate(tf.zeros((1, 40_000)), expected_batch=4.0, noise=noise).numpy()
+    assert np.std(noisy) == pytest.approx(2.0 * math.sqrt(0.5) * 1.0 / 4.0, rel=0.02)
+
+
+def test_event_matches_hand_computed_rdp():
+    """Poisson-subsampled Gaussian at integer order 2 (Mironov et al. 2019):
+    A_2 = (1-q)^2 + 2q(1-q) + q^2 e^(1/sigma^2), RDP(2) = log A_2; ``steps`` compose."""
+    q, sigma, steps, delta = 0.01, 1.1, 1000, 1e-5
+    agg = mech.PrivateAggregation(sigma=sigma)
+    accountant = dp_accounting.rdp.RdpAccountant(orders=[2.0])
+    accountant.compose(agg.event(q, steps))
+    rdp = steps * math.log((1 - q) ** 2 + 2 * q * (1 - q) + q ** 2 * math.exp(1 / sigma ** 2))
+    # dp_accounting's conversion (Canonne et al. 2020) at the single order 2.
+    want = rdp + math.log(1 / 2) - (math.log(delta) + math.log(2)) / 1
+    assert accountant.get_epsilon(delta) == pytest.approx(want, rel=1e-9)
+    assert isinstance(mech.PrivateAggregation(sigma=0.0).event(q), dp_accounting.NonPrivateDpEvent)
+
+
+def test_poisson_batches_have_the_right_rate_and_settings_are_checked():
+    rng = np.random.default_rng(6)
+    sizes = [len(mech.poisson_batch(rng, 10_000, 0.02)) for _ in range(200)]
+    # Mean 200, standard error of the mean sqrt(200 * 0.98 / 200) ~ 1: tolerance 5.
+    assert abs(np.mean(sizes) - 200) < 5
+    with pytest.raises(ValueError, match="topk must be a fraction"):
+        mech.PrivateAggregation(topk=1.5)
+    with pytest.raises(ValueError, match="clip must be"):
+        mech.PrivateAggregation(clip=0.0)
