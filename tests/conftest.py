@@ -28,6 +28,17 @@ def write_idx(path, array: np.ndarray) -> None:
         stream.write(payload)
 
 
+def synthetic_fashion_mnist(count: int, seed: int = 0):
+    """``count`` uniform-noise 28x28x1 images with labels cycling through the 10 classes,
+    as a Fashion-MNIST ``LabeledImages`` (for tests that need shapes, not content)."""
+    from dclens import data
+
+    rng = np.random.default_rng(seed)
+    return data.LabeledImages(rng.uniform(size=(count, 28, 28, 1)).astype(np.float32),
+                              (np.arange(count) % 10).astype(np.int64),
+                              data.dataset_spec("fashion_mnist"), "synthetic")
+
+
 def snapshot(folder) -> dict[str, bytes]:
     """Every file under ``folder`` (relative path -> bytes), to show nothing changed."""
     found = {}

@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import synthetic_fashion_mnist
 
-from dclens import accounting, data, topagg
+from dclens import accounting, topagg
 from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, SketchAccounting,
                            TopAggConfig, TrainConfig)
 from dclens.train import DataLens
@@ -187,11 +188,7 @@ def test_beta_zero_keeps_every_sign():
 # ------------------------------------------------------------ in a run
 @pytest.mark.parametrize("method", METHODS, ids=[m.value for m in METHODS])
 def test_every_variant_trains_and_charges_its_event(method):
-    n = 40
-    rng = np.random.default_rng(0)
-    dataset = data.LabeledImages(rng.uniform(size=(n, 28, 28, 1)).astype(np.float32),
-                                 (np.arange(n) % 10).astype(np.int64),
-                                 data.dataset_spec("fashion_mnist"), "synthetic")
+    dataset = synthetic_fashion_mnist(40)
     config = DataLensConfig(
         train=TrainConfig(num_teachers=4, batch_size=5, d_step=1, pretrain_teacher=0,
                           z_dim=6, teacher_chunk=4),

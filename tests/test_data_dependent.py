@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 import pytest
+from conftest import synthetic_fashion_mnist
 
-from dclens import data, data_dependent
+from dclens import data_dependent
 from dclens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
                            TopAggConfig, TrainConfig)
 from dclens.train import DataLens
@@ -72,11 +73,7 @@ def test_topagg_call_uses_the_gnmax_scaled_noise():
 
 
 def _lens(analysis: bool) -> DataLens:
-    n = 40
-    rng = np.random.default_rng(0)
-    dataset = data.LabeledImages(rng.uniform(size=(n, 28, 28, 1)).astype(np.float32),
-                                 (np.arange(n) % 10).astype(np.int64),
-                                 data.dataset_spec("fashion_mnist"), "synthetic")
+    dataset = synthetic_fashion_mnist(40)
     config = DataLensConfig(
         train=TrainConfig(num_teachers=4, batch_size=5, d_step=1, pretrain_teacher=0,
                           z_dim=6, teacher_chunk=4, data_dependent_analysis=analysis),

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import synthetic_fashion_mnist
 
 from dclens import data, topagg
 from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
@@ -26,10 +27,7 @@ TEACHERS, RECORDS, BATCH = 4, 10, 5
 
 
 def _dataset(n=TEACHERS * RECORDS):
-    rng = np.random.default_rng(0)
-    return data.LabeledImages(rng.uniform(size=(n, 28, 28, 1)).astype(np.float32),
-                              (np.arange(n) % 10).astype(np.int64),
-                              data.dataset_spec("fashion_mnist"), "synthetic")
+    return synthetic_fashion_mnist(n)
 
 
 def _config(**train):
