@@ -58,7 +58,8 @@ def test_norm_topk_matches_a_slow_reference_and_bounds_the_norm(fraction):
         assert np.sum(kept ** 2) <= fraction * np.sum(row ** 2) * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("method, topk", [(mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.7)])
+@pytest.mark.parametrize("method, topk", [(mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.7),
+                                          (mech.Method.TOPAGG_DIMENSION, 0.7)])
 def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):
     agg = mech.PrivateAggregation(method=method, clip=2.0, sigma=0.0, topk=topk)
     rng = np.random.default_rng(2)
@@ -73,8 +74,11 @@ def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):
         without = tf.reduce_sum(agg.process(tf.constant(batch)), 0)
         worst = max(worst, float(tf.norm(with_it - without)))
     assert worst <= agg.sensitivity * (1 + 1e-6)
-    # Reached: an example of norm >= C spread evenly over 40 coordinates (k * 40 = 28).
+    # Reached: an example of norm >= C spread evenly over 40 coordinates (k * 40 = 28);
+    # the dimension variant reaches C with a gradient on fewer than 28 coordinates.
     even = np.full((1, 40), 10.0, np.float32)
+    if method is mech.Method.TOPAGG_DIMENSION:
+        even[0, 20:] = 0.0
     moved = float(tf.norm(tf.reduce_sum(agg.process(tf.constant(even)), 0)))
     assert moved == pytest.approx(agg.sensitivity, rel=1e-5)
 
@@ -115,3 +119,11 @@ def test_poisson_batches_have_the_right_rate_and_settings_are_checked():
         mech.PrivateAggregation(topk=1.5)
     with pytest.raises(ValueError, match="clip must be"):
         mech.PrivateAggregation(clip=0.0)
+
+
+def test_dimension_topk_keeps_the_largest_fraction_of_coordinates():
+    rows = tf.constant([[0.1, -3.0, 2.0, 0.5, -0.2]])
+    np.testing.assert_array_equal(mech.dimension_topk(rows, 0.4).numpy(),
+                                  [[0.0, -3.0, 2.0, 0.0, 0.0]])
+    assert mech.PrivateAggregation(method=mech.Method.TOPAGG_DIMENSION, clip=2.0,
+                                   topk=0.4).sensitivity == 2.0

@@ -35,6 +35,10 @@ class Method(enum.Enum):
     GM = "gm"
     #: TopAgg for DP-SGD (DataLens App. A, Alg. 4): NormTopK of each clipped gradient.
     TOPAGG = "topagg"
+    #: The dimension-based variant (DataLens Table 9): keep the fraction k of each clipped
+    #: gradient's coordinates with the largest |g|.  Dropping coordinates cannot raise
+    #: the norm, so the sensitivity stays C (no sqrt(k) saving can be proven).
+    TOPAGG_DIMENSION = "topagg_dimension"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,8 @@ class PrivateAggregation:
         clipped = clip_rows(per_example, self.clip)
         if self.method is Method.TOPAGG:
             return norm_topk(clipped, self.topk)
+        if self.method is Method.TOPAGG_DIMENSION:
+            return dimension_topk(clipped, self.topk)
         return clipped
 
     def aggregate(self, per_example: tf.Tensor, *, expected_batch: float,
@@ -118,6 +124,16 @@ def norm_topk(rows: tf.Tensor, fraction: float) -> tf.Tensor:
     inverse = tf.argsort(order, axis=1, stable=True)
     keep = tf.gather(keep_sorted, inverse, batch_dims=1)
     return tf.where(keep, rows, tf.zeros_like(rows))
+
+
+def dimension_topk(rows: tf.Tensor, fraction: float) -> tf.Tensor:
+    """Keep the ceil(fraction * P) coordinates of largest |g| of each row (lower index
+    first on ties), zero the rest."""
+    rows = tf.convert_to_tensor(rows, tf.float32)
+    count = max(1, math.ceil(fraction * int(rows.shape[1])))
+    kept = tf.math.top_k(tf.abs(rows), k=count).indices
+    mask = tf.reduce_sum(tf.one_hot(kept, int(rows.shape[1])), axis=1) > 0
+    return tf.where(mask, rows, tf.zeros_like(rows))
 
 
 def poisson_batch(rng: np.random.Generator, num_examples: int, rate: float) -> np.ndarray:
