@@ -91,10 +91,12 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 #: * weights, in units of Adam's reach in the step (learning_rate x Adam steps, about the
 #:   farthest Adam moves a weight): Adam's first steps from a zero state are close to sign
 #:   steps, so the few coordinates whose gradient is mostly round-off (near-cancelling
-#:   sums) may move differently in the two implementations, by up to a reach.  Held:
-#:   at most ``adam_outlier_fraction`` of the weights differ by more than
-#:   ``adam_outlier`` reach, and none by more than ``adam_max`` reach (a wrong learning
-#:   rate, moment or normalisation moves almost every weight);
+#:   sums) may step the other way in the two implementations: up to 2 learning rates
+#:   per Adam step, i.e. 2 reaches.  Held: at most ``adam_outlier_fraction`` of the
+#:   weights differ by more than ``adam_outlier`` reach, and none by more than
+#:   ``adam_max`` reaches (a wrong learning rate, moment or normalisation moves almost
+#:   every weight; measured: 0.007 to 0.87 reach in the pretrain step over 11 runs, with
+#:   at most 3e-4 of the weights beyond 0.01 reach);
 #: * votes and the noisy update must be equal except where the teachers' top-k sets
 #:   differ within the two implementations' measured gradient difference (a near tie at
 #:   the k-th largest |g|; :func:`explain_vote_differences`);
@@ -104,7 +106,7 @@ TOLERANCES = {
     "image_gradients": 1e-4,
     "adam_outlier": 0.01,
     "adam_outlier_fraction": 1e-3,
-    "adam_max": 1.0,
+    "adam_max": 2.0,
     "epsilon": 1e-9,
 }
 
