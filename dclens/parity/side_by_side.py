@@ -95,8 +95,9 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 #:   per Adam step, i.e. 2 reaches.  Held: at most ``adam_outlier_fraction`` of the
 #:   weights differ by more than ``adam_outlier`` reach, and none by more than
 #:   ``adam_max`` reaches (a wrong learning rate, moment or normalisation moves almost
-#:   every weight; measured: 0.007 to 0.87 reach in the pretrain step over 11 runs, with
-#:   at most 3e-4 of the weights beyond 0.01 reach);
+#:   every weight; measured over 17 runs of the tests' 2-teacher config: 0.007 to 0.98
+#:   reach in the pretrain step, with up to 0.3% of the weights beyond 0.01 reach, and 0
+#:   in the ordinary steps);
 #: * votes and the noisy update must be equal except where the teachers' top-k sets
 #:   differ within the two implementations' measured gradient difference (a near tie at
 #:   the k-th largest |g|; :func:`explain_vote_differences`);
@@ -105,7 +106,7 @@ TOLERANCES = {
     "teacher_loss": 1e-4,
     "image_gradients": 1e-4,
     "adam_outlier": 0.01,
-    "adam_outlier_fraction": 1e-3,
+    "adam_outlier_fraction": 0.02,
     "adam_max": 2.0,
     "epsilon": 1e-9,
 }
