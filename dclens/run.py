@@ -102,8 +102,9 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "topk": config.topagg.topk,
         "aggregation": config.topagg.method.value,
         "accounting_proven": config.topagg.accounting_proven,
-        "sensitivity": config.topagg.sensitivity(lens.shape.dim),
-        "noise_multiplier": (config.topagg.noise_multiplier(lens.shape.dim)
+        # The mechanism's cached values (FetchSGD's come from its count sketch's hashes).
+        "sensitivity": lens.topagg.sensitivity,
+        "noise_multiplier": (lens.topagg.noise_multiplier
                              if config.topagg.sigma > 0 else None),
         "num_teachers": config.train.num_teachers,
         "queries_per_round": lens.batch,
