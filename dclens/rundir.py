@@ -114,6 +114,33 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple
             if old.get(name) != now.get(name)]
 
 
+def with_defaults_for_missing(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with every setting it lacks filled in with today's default.
+
+    A run directory written by an older dclens has no entry for a setting added since. Every
+    setting is added with a default that reproduces what dclens did before it existed (the
+    rule for new settings), so a missing entry means that default, and the run resumes as
+    long as the new setting is left at it. A setting passed at a non-default value still
+    differs and is refused by name.
+    """
+    defaults = flatten(DataLensConfig().to_dict())
+    filled = dict(flatten(saved))
+    for name, value in defaults.items():
+        filled.setdefault(name, value)
+    return _unflatten(filled)
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for name, value in flat.items():
+        *sections, key = name.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    return nested
+
+
 def _describe(differences: list[tuple[str, Any, Any]]) -> str:
     parts = []
     for name, old, new in differences:
@@ -171,7 +198,8 @@ def plan_run(config: DataLensConfig, output_dir: str, *, restart: bool = False) 
             f"--checkpoint_dir {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
-    differences = [d for d in config_differences(read_saved_config(paths), config.to_dict())
+    saved = with_defaults_for_missing(read_saved_config(paths))
+    differences = [d for d in config_differences(saved, config.to_dict())
                    if d[0] not in CHANGEABLE_ON_RESUME]
     if differences:
         raise RunDirError(

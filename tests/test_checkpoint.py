@@ -189,6 +189,30 @@ def test_plan_for_new_empty_and_foreign_directories(tmp_path):
     assert plan.mode is rundir.Mode.FRESH and plan.set_aside
 
 
+def _write_config(run: str, config: dict) -> None:
+    os.makedirs(run)
+    with open(os.path.join(run, "config.json"), "w") as stream:
+        json.dump({"config": config}, stream)
+
+
+def test_a_run_from_an_older_dclens_resumes_when_new_settings_stay_at_their_default(tmp_path):
+    config = demo_preset()
+    older = config.to_dict()
+    del older["train"]["fake_rendering"]          # a setting added after the run started
+    del older["topagg"]["klevel"]
+    run = str(tmp_path / "run")
+    _write_config(run, older)
+    assert rundir.plan_run(config, run).mode is rundir.Mode.RESUME
+    # The same missing setting at a non-default value is a real difference, named.
+    changed = config.replace(topagg={"klevel": 8})
+    with pytest.raises(rundir.RunDirError, match=r"topagg.klevel \(privacy-relevant\): "
+                                                 r"saved 4, now 8"):
+        rundir.plan_run(changed, run)
+    # A setting the older run did record is compared as before.
+    with pytest.raises(rundir.RunDirError, match=r"topagg.sigma"):
+        rundir.plan_run(config.replace(topagg={"sigma": 1.0}), run)
+
+
 def test_set_aside_never_overwrites(tmp_path):
     first, second = tmp_path / "run", tmp_path / "run2"
     first.mkdir()
