@@ -37,6 +37,9 @@ class ConvPath(enum.Enum):
     GROUPED = "grouped"
     #: One ordinary ``tf.nn.conv2d`` per teacher (works on every CPU).
     PER_TEACHER = "per_teacher"
+    #: The whole teacher step (forward, backward, Adam; and the image-gradient query) in
+    #: one custom C++ op per chunk (``ops/teacher_step_op.cc``, built by ``make -C ops``).
+    FUSED = "fused"
 
 
 class FakeRendering(enum.Enum):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from dclens import networks, teacher_conv
+from dclens import networks, teacher_conv, teacher_op
 from dclens.config import ConvPath
 from dclens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
 
@@ -133,6 +133,10 @@ class FastTeacherEnsemble:
                  conv_path: str | ConvPath = "auto"):
         self.shape = shape
         self.conv_path = teacher_conv.resolve_conv_path(conv_path)
+        # The TF-graph pieces (logits; the formula path of mixed step counts) of the fused
+        # path run on the per-teacher convolutions.
+        self._graph_conv_path = (ConvPath.PER_TEACHER if self.conv_path is ConvPath.FUSED
+                                 else self.conv_path)
         self.layout = ParamLayout.for_shape(shape)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
@@ -162,12 +166,12 @@ class FastTeacherEnsemble:
         # tf.split, not slicing: the gradient of a strided slice is slow on CPU
         kernel0_x, kernel0_y = tf.split(p["conv0/kernel"], [c, k], axis=3)
         c0 = kernel0_x.shape[-1]
-        h = teacher_conv.conv5x5_stride2(images, kernel0_x, self.conv_path)
+        h = teacher_conv.conv5x5_stride2(images, kernel0_x, self._graph_conv_path)
         h = h + _label_term(taps0, kernel0_y, labels, hw0)
         h = _leaky_relu(h + tf.reshape(p["conv0/bias"], [-1]))
         kernel1_x, kernel1_y = tf.split(p["conv1/kernel"], [c0, k], axis=3)
         c1 = kernel1_x.shape[-1]
-        h = teacher_conv.conv5x5_stride2(h, kernel1_x, self.conv_path)
+        h = teacher_conv.conv5x5_stride2(h, kernel1_x, self._graph_conv_path)
         h = h + _label_term(taps1, kernel1_y, labels, hw1)
         h = h + tf.reshape(p["conv1/bias"], [-1])
         h = _leaky_relu(_grouped_batch_norm(h, p["bn1/gamma"], p["bn1/beta"], groups))
@@ -265,9 +269,20 @@ class FastTeacherEnsemble:
         """
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps!r}")
-        both, labels = self._merge(real, real_labels, fake, fake_labels)
         steps = np.asarray(state.steps, np.int64)
-        if steps.size and np.all(steps == steps[0]):
+        same_count = bool(steps.size and np.all(steps == steps[0]))
+        if same_count and self.conv_path is ConvPath.FUSED:
+            images = tf.concat([tf.convert_to_tensor(real, tf.float32),
+                                tf.convert_to_tensor(fake, tf.float32)], axis=1)
+            labels = tf.concat([tf.argmax(real_labels, axis=-1, output_type=tf.int32),
+                                tf.argmax(fake_labels, axis=-1, output_type=tf.int32)], axis=1)
+            weights, adam_m, adam_v, losses = teacher_op.train(
+                state.weights, state.adam_m, state.adam_v, images, labels, int(steps[0]),
+                shape=self.shape, num_steps=num_steps, learning_rate=self.learning_rate,
+                beta1=self.beta1, beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+            return TeacherState(weights, adam_m, adam_v, tf.constant(steps + num_steps)), losses
+        both, labels = self._merge(real, real_labels, fake, fake_labels)
+        if same_count:
             variables = self.chunk_variables(int(steps.size))
             variables.weights.assign(state.weights)
             variables.adam_m.assign(state.adam_m)
@@ -297,6 +312,10 @@ class FastTeacherEnsemble:
     def image_gradients(self, weights: tf.Tensor, images: tf.Tensor,
                         labels: tf.Tensor) -> tf.Tensor:
         """Every teacher's descent direction [T, B, H, W, C], as the reference's."""
+        if self.conv_path is ConvPath.FUSED:
+            return teacher_op.image_gradients(
+                weights, images, tf.argmax(labels, axis=-1, output_type=tf.int32),
+                shape=self.shape)
         return self._image_gradients(tf.convert_to_tensor(weights),
                                      tf.convert_to_tensor(images, tf.float32),
                                      tf.cast(labels, tf.float32))

@@ -30,6 +30,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from dclens import teacher_op
 from dclens.config import ConvPath
 
 KERNEL = 5
@@ -129,9 +130,18 @@ def resolve_conv_path(requested: str | ConvPath = "auto") -> ConvPath:
             "conv path 'grouped' needs gradients of grouped convolutions, which this "
             f"TensorFlow build does not have on this CPU (oneDNN on: {onednn_enabled()}); "
             "use 'per_teacher' or 'auto', or start Python with TF_ENABLE_ONEDNN_OPTS=1")
+    if path is ConvPath.FUSED and not teacher_op.available():
+        try:
+            teacher_op.load()
+        except teacher_op.TeacherOpUnavailable as error:
+            raise ValueError(f"conv path 'fused' needs the teacher-step op: {error}; or "
+                             "use 'auto' or 'per_teacher'") from None
     if path is ConvPath.AUTO:
-        path = (ConvPath.GROUPED if AUTO_PREFERS_GROUPED and grouped_gradient_supported()
-                else ConvPath.PER_TEACHER)
+        if teacher_op.available():
+            path = ConvPath.FUSED
+        else:
+            path = (ConvPath.GROUPED if AUTO_PREFERS_GROUPED and grouped_gradient_supported()
+                    else ConvPath.PER_TEACHER)
     _announce(path, ConvPath(requested).value)
     return path
 
@@ -139,14 +149,16 @@ def resolve_conv_path(requested: str | ConvPath = "auto") -> ConvPath:
 @functools.lru_cache(maxsize=None)
 def _announce(path: ConvPath, requested: str) -> None:
     """Logs once per process and choice which path the teachers' convolutions take."""
-    LOGGER.info("teacher convolutions: %s path (asked: %s; oneDNN on: %s; grouped "
-                "gradient available: %s; CPU: %s)", path.value, requested, onednn_enabled(),
-                grouped_gradient_supported(), " ".join(cpu_vector_extensions()) or "unknown")
+    LOGGER.info("teacher convolutions: %s path (asked: %s; fused op available: %s; oneDNN "
+                "on: %s; grouped gradient available: %s; CPU: %s)", path.value, requested,
+                teacher_op.available(), onednn_enabled(), grouped_gradient_supported(),
+                " ".join(cpu_vector_extensions()) or "unknown")
 
 
 def describe(path: ConvPath) -> dict[str, object]:
     """What a benchmark or run record says about the convolution path and the machine."""
-    return {"conv_path": path.value, "onednn_enabled": onednn_enabled(),
+    return {"conv_path": path.value, "fused_op_available": teacher_op.available(),
+            "onednn_enabled": onednn_enabled(),
             "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
             "grouped_gradient_supported": grouped_gradient_supported(),
             "cpu_model": cpu_model_name(), "cpu_vector_extensions": cpu_vector_extensions()}

@@ -2,7 +2,7 @@
 
 Prints one JSON object: TF's oneDNN state, whether grouped-convolution gradients work, the
 path ``auto`` picks, the largest fast-vs-reference difference of every available
-convolution path (logits, Adam moments after two teacher steps, image gradients), and the
+convolution path (the fused teacher-step op included when it is built) (logits, Adam moments after two teacher steps, image gradients), and the
 exit status and outputs of a tiny ``scripts/main.py --train`` run (a child process) on the data folder
 given as argv[1], written to argv[2].
 """
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from dclens import networks, teacher_conv, teachers
+from dclens import networks, teacher_conv, teacher_op, teachers
 from dclens.config import ConvPath
 from dclens.fast_ensemble import FastTeacherEnsemble
 
@@ -78,7 +78,10 @@ def main() -> None:
     paths = [ConvPath.PER_TEACHER]
     if teacher_conv.grouped_gradient_supported():
         paths.append(ConvPath.GROUPED)
+    if teacher_op.available():
+        paths.append(ConvPath.FUSED)
     report = {"onednn_enabled": teacher_conv.onednn_enabled(),
+              "fused_op_available": teacher_op.available(),
               "grouped_gradient_supported": teacher_conv.grouped_gradient_supported(),
               "auto": teacher_conv.resolve_conv_path(ConvPath.AUTO).value,
               "differences": {path.value: compare(path) for path in paths},

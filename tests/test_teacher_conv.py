@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import teacher_conv
+from dclens import teacher_conv, teacher_op
 from dclens.config import ConvPath, TrainConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -74,21 +74,37 @@ def test_teacher_output_depends_on_its_own_kernel_only(path):
 
 def test_auto_resolves_to_a_path_that_works():
     path = teacher_conv.resolve_conv_path("auto")
-    assert path in AVAILABLE
+    assert path in AVAILABLE + [ConvPath.FUSED]
     assert teacher_conv.resolve_conv_path(ConvPath.PER_TEACHER) is ConvPath.PER_TEACHER
 
 
+def test_auto_takes_the_fused_op_where_it_is_built():
+    # scripts/setup.sh builds it on every machine: the suite runs where it was built.
+    assert teacher_op.available(), teacher_op.library_path()
+    assert teacher_conv.resolve_conv_path("auto") is ConvPath.FUSED
+
+
 def test_unknown_path_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"'im2col'.*auto, grouped, per_teacher"):
+    with pytest.raises(ValueError, match=r"'im2col'.*auto, grouped, per_teacher, fused"):
         teacher_conv.resolve_conv_path("im2col")
 
 
 def test_grouped_path_refused_where_its_gradient_is_missing(monkeypatch):
     teacher_conv.grouped_gradient_supported.cache_clear()
     monkeypatch.setattr(teacher_conv, "grouped_gradient_supported", lambda: False)
+    monkeypatch.setattr(teacher_op, "available", lambda: False)
     with pytest.raises(ValueError, match="TF_ENABLE_ONEDNN_OPTS=1"):
         teacher_conv.resolve_conv_path("grouped")
     assert teacher_conv.resolve_conv_path("auto") is ConvPath.PER_TEACHER
+
+
+def test_fused_path_refused_by_name_where_the_op_is_not_built(monkeypatch, tmp_path):
+    missing = tmp_path / "nowhere.so"
+    monkeypatch.setenv(teacher_op.ENV_LIBRARY, str(missing))
+    with pytest.raises(ValueError, match=r"conv path 'fused' needs the teacher-step op: .*"
+                                         r"nowhere.so does not exist; build it with `make -C ops`"):
+        teacher_conv.resolve_conv_path("fused")
+    assert teacher_conv.resolve_conv_path("auto") is not ConvPath.FUSED
 
 
 def test_config_refuses_a_conv_path_string():
