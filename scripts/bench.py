@@ -56,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ensemble", choices=("fast", "reference"), default="fast")
     parser.add_argument("--no_overlap", action="store_true",
                         help="teacher state I/O in the main thread (no prefetch/write-behind)")
-    parser.add_argument("--conv_path", choices=("auto", "grouped", "per_teacher"),
-                        default="auto",
-                        help="the teachers' convolution path (dclens/teacher_conv.py)")
+    parser.add_argument("--conv_path", choices=teacher_conv.CONV_PATH_CHOICES, default="auto",
+                        help="the teachers' path (dclens/teacher_conv.py): auto, the fused "
+                        "C++ teacher step (fused), or TF's per-op kernels (per_teacher, "
+                        "grouped)")
     parser.add_argument("--out", help="also write the JSON to this file")
     return parser
 

@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--deterministic", action="store_true", help="tf.config.experimental."
         "enable_op_determinism(): fail on any op without a deterministic kernel")
     add("--conv_path", choices=[p.value for p in cfg.ConvPath],
-        help="how the teachers' convolutions run (speed only, same math): auto picks the "
-        "fastest that works on this CPU")
+        help="how the teachers' steps run (speed only, same math): auto picks the fastest "
+        "that works here: fused (one C++ op per chunk, built by make -C ops), else "
+        "per_teacher (TF kernels); grouped needs oneDNN")
     add("--aggregation", choices=[a.value for a in cfg.Aggregation],
         help="how the teachers' gradients are aggregated (dclens/config.py Aggregation): the "
         "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
