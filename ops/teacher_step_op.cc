@@ -137,7 +137,7 @@ void Im2Col(const float* src, int n, int hi, int wi, int ci, int ho, int wo, int
               std::fill(tap, tap + ci, 0.0f);
             } else {
               const float* pixel = image + (int64_t{iy} * wi + ix) * ci;
-              std::copy(pixel, pixel + ci, tap);
+              for (int ch = 0; ch < ci; ++ch) tap[ch] = pixel[ch];   // ci is small: no memmove
             }
           }
         }
