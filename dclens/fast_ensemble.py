@@ -295,6 +295,35 @@ class FastTeacherEnsemble:
         state = TeacherState(*(tf.convert_to_tensor(x) for x in state))
         return self._train_formula(state, both, labels, num_steps)
 
+    def can_train_in_place(self, state: TeacherState) -> bool:
+        """Whether :meth:`train_in_place` takes this state: the fused path with its C
+        library, numpy float32 arrays it may overwrite, and one Adam step count."""
+        if self.conv_path is not ConvPath.FUSED or not teacher_op.capi_available():
+            return False
+        steps = np.asarray(state.steps)
+        return (teacher_op.in_place_ready(state.weights, state.adam_m, state.adam_v)
+                and steps.size > 0 and bool(np.all(steps == steps.flat[0])))
+
+    def train_in_place(self, state: TeacherState, real, real_labels, fake, fake_labels, *,
+                       num_steps: int) -> np.ndarray:
+        """:meth:`train` that overwrites ``state``'s weights and moments with the result
+        (no copy of the chunk's state; see :meth:`can_train_in_place`) and returns the
+        per-teacher losses [T].  ``state.steps`` is left to the caller."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps!r}")
+        if not self.can_train_in_place(state):
+            raise ValueError("this state cannot be trained in place (fused path, writable "
+                             "float32 numpy arrays and one step count needed)")
+        images = np.concatenate([np.asarray(real, np.float32), np.asarray(fake, np.float32)],
+                                axis=1)
+        labels = np.concatenate([np.argmax(np.asarray(real_labels), axis=-1),
+                                 np.argmax(np.asarray(fake_labels), axis=-1)], axis=1)
+        return teacher_op.train_in_place(
+            state.weights, state.adam_m, state.adam_v, images, labels,
+            int(np.asarray(state.steps).flat[0]), shape=self.shape, num_steps=num_steps,
+            learning_rate=self.learning_rate, beta1=self.beta1, beta2=ADAM_BETA2,
+            epsilon=ADAM_EPSILON)
+
     # ----------------------------------------------------------------- queries
     def _image_gradients_impl(self, weights: tf.Tensor, images: tf.Tensor,
                               labels: tf.Tensor) -> tf.Tensor:
@@ -313,6 +342,11 @@ class FastTeacherEnsemble:
                         labels: tf.Tensor) -> tf.Tensor:
         """Every teacher's descent direction [T, B, H, W, C], as the reference's."""
         if self.conv_path is ConvPath.FUSED:
+            if isinstance(weights, np.ndarray) and teacher_op.capi_available():
+                # numpy weights (a bank's rows): no copy into a tensor
+                return tf.convert_to_tensor(teacher_op.image_gradients_numpy(
+                    weights, np.asarray(images), np.argmax(np.asarray(labels), axis=-1),
+                    shape=self.shape))
             return teacher_op.image_gradients(
                 weights, images, tf.argmax(labels, axis=-1, output_type=tf.int32),
                 shape=self.shape)

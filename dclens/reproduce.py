@@ -30,7 +30,7 @@ import subprocess
 import time
 from typing import Callable
 
-from dclens import accounting, evaluate, export
+from dclens import accounting, evaluate, export, rundir
 from dclens import config as cfg
 
 #: Paper Table 1 (Wang et al., "DataLens", ACM CCS 2021): accuracy on the real test set of
@@ -367,11 +367,12 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
                                      f"train first (drop --skip_train) or pass the --run_dir "
                                      f"of a finished run")
         saved = _read_json(os.path.join(run_dir, "config.json"))["config"]
-        if saved != config.to_dict():
+        differences = rundir.resume_differences(saved, config)
+        if differences:
             raise ReproduceError(
                 f"--skip_train: the run in {run_dir} was trained with a different config than "
-                f"these options give (compare {os.path.join(run_dir, 'config.json')}); pass "
-                f"the same options as for training")
+                f"these options give ({rundir.describe_differences(differences)}); pass the "
+                f"same options as for training")
         log(f"--skip_train: evaluating the existing run in {run_dir}")
     else:
         if os.path.exists(samples_path):

@@ -141,7 +141,17 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _describe(differences: list[tuple[str, Any, Any]]) -> str:
+def resume_differences(saved: dict[str, Any], config: DataLensConfig
+                       ) -> list[tuple[str, Any, Any]]:
+    """The settings that keep a saved run from being continued (or evaluated) as ``config``:
+    every difference except the performance-only settings of CHANGEABLE_ON_RESUME, with
+    settings the saved run predates taken at their defaults."""
+    return [d for d in config_differences(with_defaults_for_missing(saved), config.to_dict())
+            if d[0] not in CHANGEABLE_ON_RESUME]
+
+
+def describe_differences(differences: list[tuple[str, Any, Any]]) -> str:
+    """'name (privacy-relevant): saved X, now Y; ...'."""
     parts = []
     for name, old, new in differences:
         tag = " (privacy-relevant)" if name in PRIVACY_RELEVANT else ""
@@ -198,13 +208,12 @@ def plan_run(config: DataLensConfig, output_dir: str, *, restart: bool = False) 
             f"--checkpoint_dir {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
-    saved = with_defaults_for_missing(read_saved_config(paths))
-    differences = [d for d in config_differences(saved, config.to_dict())
-                   if d[0] not in CHANGEABLE_ON_RESUME]
+    differences = resume_differences(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
             f"--checkpoint_dir {output_dir!r} holds a run with other settings, so it cannot "
-            f"be resumed: {_describe(differences)}. Resume with the saved settings (see "
+            f"be resumed: {describe_differences(differences)}. Resume with the saved "
+            f"settings (see "
             f"{paths.config}), choose a new --checkpoint_dir, or pass --restart to set the "
             "old run aside and start over (nothing was changed)")
     return RunPlan(Mode.RESUME, paths)

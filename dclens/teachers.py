@@ -285,12 +285,16 @@ class TeacherBank:
     def _write_rows(self, which: int, start: int, rows: np.ndarray) -> None:
         stop = start + len(rows)
         if self._files is None:
-            self._arrays[which][start:stop] = rows
+            target = self._arrays[which][start:stop]
+            if not _same_memory(target, rows):      # rows updated in place: nothing to copy
+                target[...] = rows
             return
         rows = np.asarray(rows, np.float32)
         split = self._split(start, stop)
         if split > start:
-            self._resident[which][start:split] = rows[:split - start]
+            target = self._resident[which][start:split]
+            if not _same_memory(target, rows[:split - start]):
+                target[...] = rows[:split - start]
             self._dirty = True
         if stop > split:
             self._files[which].write(split, rows[split - start:])
@@ -381,6 +385,12 @@ def _preallocate(path: str, array: np.memmap) -> None:
                              ) from error
     finally:
         os.close(fd)
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether b is exactly the array a (same buffer, shape and strides)."""
+    return (isinstance(b, np.ndarray) and a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 class TeacherState(NamedTuple):

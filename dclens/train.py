@@ -312,9 +312,17 @@ class DataLens:
                 fake = self._chunk_fakes(fakes, chunk.start, real_labels)
                 labels = self.one_hot(real_labels)
                 with self.timer.phase("teacher_training"):
-                    state, loss = self.ensemble.train(chunk.state, real, labels, fake, labels,
-                                                      num_steps=num_steps)
-                    losses.append(loss.numpy())
+                    if getattr(self.ensemble, "can_train_in_place", None) and \
+                            self.ensemble.can_train_in_place(chunk.state):
+                        # the chunk's arrays are overwritten: no copy of the state in or out
+                        loss = self.ensemble.train_in_place(chunk.state, real, labels, fake,
+                                                            labels, num_steps=num_steps)
+                        state = chunk.state._replace(
+                            steps=np.asarray(chunk.state.steps) + num_steps)
+                    else:
+                        state, loss = self.ensemble.train(chunk.state, real, labels, fake,
+                                                          labels, num_steps=num_steps)
+                    losses.append(np.asarray(loss))
                 stream.write_back(chunk, state)
                 if query is not None:
                     votes = self._chunk_votes(state.weights, chunk.start, *query, 0)
@@ -327,8 +335,9 @@ class DataLens:
         total = None
         with self._stream(with_adam=False) as stream:
             for chunk in stream:
-                votes = self._chunk_votes(tf.constant(chunk.state.weights), chunk.start,
-                                          images, labels, round_index)
+                # the chunk's arrays stay valid until the next iteration: no copy needed
+                votes = self._chunk_votes(chunk.state.weights, chunk.start, images, labels,
+                                          round_index)
                 total = votes if total is None else total + votes
         return total
 

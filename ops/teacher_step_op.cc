@@ -1,46 +1,15 @@
-// The teachers' discriminator step as two fused CPU ops (see dclens/teacher_op.py).
+// The teachers' discriminator step as two fused TF CPU ops (see dclens/teacher_op.py);
+// the kernel, its math and its rounding are in teacher_step_kernel.h.
 //
 //   Dclens>TeacherTrain           num_steps Adam steps of every teacher of a chunk on its own
-//                                 merged batch (first half real, second half fake): forward,
-//                                 backward and Adam of one teacher in one pass, in cache.
+//                                 merged batch (first half real, second half fake).
 //   Dclens>TeacherImageGradients  every teacher's descent direction -dL_G/dx on a shared fake
 //                                 batch (the query of a TopAgg round).
 //
-// The network is dclens.networks' conditional DCGAN discriminator (K classes, df = conv1
-// filters - K, dfc = dense units):
-//
-//   x [H, W, C] ++ y-maps -> conv5x5/2 SAME -> C0 = C+K ch, lrelu
-//   ++ y-maps             -> conv5x5/2 SAME -> C1 ch, batch norm, lrelu
-//   flatten ++ y          -> dense D, batch norm, lrelu
-//   ++ y                  -> dense 1 (logit)
-//
-// with batch-norm statistics over each of `groups` equal slices of the batch (population
-// variance, epsilon bn_epsilon), leaky-ReLU slope `leaky_slope`, and the loss
-//   train:  L = mean_{real} softplus(-logit) + mean_{fake} softplus(logit)
-//   query:  L_G = mean softplus(-logit), output -dL_G/dx.
-// The constant label maps are folded out of the convolutions exactly as in
-// dclens/fast_ensemble.py: conv(x ++ y-maps, W) = conv(x, W_x) + sum_k y_k M_k with
-// M_k[p, o] = sum of W_y[tap, k, o] over the taps of output p inside the image.
-//
-// Each teacher is computed by one thread (teachers are spread over TF's intra-op pool) with
-// Eigen's single-threaded GEMM on im2col patches, so results do not depend on the number of
-// threads: the same inputs give the same bits on the same machine and build.  The math is
-// the reference's; the float32 rounding differs from TF's kernels (tests compare within
-// stated tolerances). Adam is the formula of TF's ApplyAdam:
-//   alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t); m += (g - m)(1 - beta1);
-//   v += (g^2 - v)(1 - beta2); w -= alpha m / (sqrt(v) + epsilon).
+// Teachers are spread over TF's intra-op pool, one teacher per thread at a time.
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <vector>
+#include "teacher_step_kernel.h"
 
-// Exact vectorised sqrt (Eigen's fast-math sqrt is an approximation): with FMA contraction
-// off (ops/Makefile) every element-wise result is the same in a vector lane and in a
-// scalar tail, so a teacher's result does not depend on where it sits in its chunk.
-#define EIGEN_FAST_MATH 0
-#include "Eigen/Core"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -49,6 +18,7 @@
 namespace dclens {
 namespace {
 
+using teacher_step::Geometry;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
@@ -56,561 +26,39 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatrixMap = Eigen::Map<RowMatrix>;
-using ConstMatrixMap = Eigen::Map<const RowMatrix>;
-// Column-major destinations: Eigen's GEMM kernel tiles the destination's rows, so a tall,
-// narrow product (patches x kernel: 1470 x 42) runs ~2x faster into a column-major
-// result, copied to row-major afterwards (measured on these shapes).
-using ColMatrixMap = Eigen::Map<Eigen::MatrixXf>;
-
-constexpr int kKernel = 5;
-constexpr int kTaps = kKernel * kKernel;
-constexpr int kStride = 2;
-
-// 'SAME' padding before the first row/column of a 5x5 stride-2 convolution (TF's rule).
-int PadBefore(int in, int out) {
-  return std::max((out - 1) * kStride + kKernel - in, 0) / 2;
-}
-
-// Shapes and parameter offsets of one teacher (dclens.networks.discriminator_weight_shapes
-// order: conv0/kernel, conv0/bias, conv1/kernel, conv1/bias, bn1/gamma, bn1/beta,
-// dense2/kernel, dense2/bias, bn2/gamma, bn2/beta, dense3/kernel, dense3/bias).
-struct Geometry {
-  int n = 0, groups = 1;         // images per pass; batch-norm slices
-  int h = 0, w = 0, c = 0, k = 0;
-  int c0 = 0, c1 = 0, dense = 0;
-  int h1 = 0, w1 = 0, h2 = 0, w2 = 0;
-  int pad0_top = 0, pad0_left = 0, pad1_top = 0, pad1_left = 0;
-  int64_t flat = 0;              // h2 * w2 * c1
-  int64_t k0 = 0, b0 = 0, k1 = 0, b1 = 0, g1 = 0, be1 = 0;
-  int64_t k2 = 0, b2 = 0, g2 = 0, be2 = 0, k3 = 0, b3 = 0, size = 0;
-
-  Geometry(int n_, int groups_, int h_, int w_, int c_, int k_, int conv1_filters, int dense_)
-      : n(n_), groups(groups_), h(h_), w(w_), c(c_), k(k_) {
-    c0 = c + k;
-    c1 = conv1_filters;
-    dense = dense_;
-    h1 = (h + 1) / 2;
-    w1 = (w + 1) / 2;
-    h2 = (h1 + 1) / 2;
-    w2 = (w1 + 1) / 2;
-    pad0_top = PadBefore(h, h1);
-    pad0_left = PadBefore(w, w1);
-    pad1_top = PadBefore(h1, h2);
-    pad1_left = PadBefore(w1, w2);
-    flat = int64_t{h2} * w2 * c1;
-    int64_t at = 0;
-    auto take = [&at](int64_t count) { int64_t start = at; at += count; return start; };
-    k0 = take(int64_t{kTaps} * (c + k) * c0);
-    b0 = take(c0);
-    k1 = take(int64_t{kTaps} * (c0 + k) * c1);
-    b1 = take(c1);
-    g1 = take(c1);
-    be1 = take(c1);
-    k2 = take((flat + k) * dense);
-    b2 = take(dense);
-    g2 = take(dense);
-    be2 = take(dense);
-    k3 = take(dense + k);
-    b3 = take(1);
-    size = at;
-  }
-};
-
-// im2col of a 5x5 stride-2 'SAME' convolution: src [n, hi, wi, ci] ->
-// dst [n * ho * wo, 25 * ci], column (tap * ci + channel), zeros outside the image.
-void Im2Col(const float* src, int n, int hi, int wi, int ci, int ho, int wo, int pad_top,
-            int pad_left, float* dst) {
-  const int64_t row = int64_t{kTaps} * ci;
-  for (int b = 0; b < n; ++b) {
-    const float* image = src + int64_t{b} * hi * wi * ci;
-    for (int oy = 0; oy < ho; ++oy) {
-      for (int ox = 0; ox < wo; ++ox) {
-        float* out = dst + ((int64_t{b} * ho + oy) * wo + ox) * row;
-        for (int dy = 0; dy < kKernel; ++dy) {
-          const int iy = oy * kStride + dy - pad_top;
-          for (int dx = 0; dx < kKernel; ++dx) {
-            const int ix = ox * kStride + dx - pad_left;
-            float* tap = out + (dy * kKernel + dx) * ci;
-            if (iy < 0 || iy >= hi || ix < 0 || ix >= wi) {
-              std::fill(tap, tap + ci, 0.0f);
-            } else {
-              const float* pixel = image + (int64_t{iy} * wi + ix) * ci;
-              for (int ch = 0; ch < ci; ++ch) tap[ch] = pixel[ch];   // ci is small: no memmove
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-// The adjoint of Im2Col: dst [n, hi, wi, ci] = sum of the patches' entries that read it.
-void Col2Im(const float* cols, int n, int hi, int wi, int ci, int ho, int wo, int pad_top,
-            int pad_left, float* dst) {
-  const int64_t row = int64_t{kTaps} * ci;
-  std::fill(dst, dst + int64_t{n} * hi * wi * ci, 0.0f);
-  for (int b = 0; b < n; ++b) {
-    float* image = dst + int64_t{b} * hi * wi * ci;
-    for (int oy = 0; oy < ho; ++oy) {
-      for (int ox = 0; ox < wo; ++ox) {
-        const float* patch = cols + ((int64_t{b} * ho + oy) * wo + ox) * row;
-        for (int dy = 0; dy < kKernel; ++dy) {
-          const int iy = oy * kStride + dy - pad_top;
-          if (iy < 0 || iy >= hi) continue;
-          for (int dx = 0; dx < kKernel; ++dx) {
-            const int ix = ox * kStride + dx - pad_left;
-            if (ix < 0 || ix >= wi) continue;
-            const float* tap = patch + (dy * kKernel + dx) * ci;
-            float* pixel = image + (int64_t{iy} * wi + ix) * ci;
-            for (int ch = 0; ch < ci; ++ch) pixel[ch] += tap[ch];
-          }
-        }
-      }
-    }
-  }
-}
-
-// One convolution layer's geometry, for the label fold and its gradient.
-struct ConvShape {
-  int hi, wi, ci;        // image channels of the input (labels excluded)
-  int ho, wo, co;
-  int pad_top, pad_left;
-  int k;                 // label channels after the image channels
-};
-
-// Image part of the kernel [5, 5, ci + k, co] as a [25 * ci, co] matrix.
-void GatherImageKernel(const float* kernel, const ConvShape& s, float* out) {
-  const int cin = s.ci + s.k;
-  for (int tap = 0; tap < kTaps; ++tap)
-    for (int ch = 0; ch < s.ci; ++ch)
-      std::copy(kernel + (int64_t{tap} * cin + ch) * s.co,
-                kernel + (int64_t{tap} * cin + ch + 1) * s.co,
-                out + (int64_t{tap} * s.ci + ch) * s.co);
-}
-
-// Adds a [25 * ci, co] image-kernel gradient into the full kernel gradient.
-void ScatterImageKernel(const float* image_grad, const ConvShape& s, float* kernel_grad) {
-  const int cin = s.ci + s.k;
-  for (int tap = 0; tap < kTaps; ++tap)
-    for (int ch = 0; ch < s.ci; ++ch) {
-      const float* from = image_grad + (int64_t{tap} * s.ci + ch) * s.co;
-      float* to = kernel_grad + (int64_t{tap} * cin + ch) * s.co;
-      for (int o = 0; o < s.co; ++o) to[o] = from[o];
-    }
-}
-
-// V [ho * wo, 25]: 1 where tap (dy, dx) of output p reads inside the image, else 0.
-RowMatrix InsideTaps(const ConvShape& s) {
-  RowMatrix taps = RowMatrix::Zero(int64_t{s.ho} * s.wo, kTaps);
-  for (int oy = 0; oy < s.ho; ++oy)
-    for (int ox = 0; ox < s.wo; ++ox)
-      for (int dy = 0; dy < kKernel; ++dy) {
-        const int iy = oy * kStride + dy - s.pad_top;
-        if (iy < 0 || iy >= s.hi) continue;
-        for (int dx = 0; dx < kKernel; ++dx) {
-          const int ix = ox * kStride + dx - s.pad_left;
-          if (ix >= 0 && ix < s.wi) taps(oy * s.wo + ox, dy * kKernel + dx) = 1.0f;
-        }
-      }
-  return taps;
-}
-
-using StridedMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
-using ConstStridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
-
-// The label part W_y of a kernel [5, 5, ci + k, co] as a [25, k * co] matrix (a view).
-ConstStridedMap LabelKernel(const float* kernel, const ConvShape& s) {
-  return ConstStridedMap(kernel + int64_t{s.ci} * s.co, kTaps, int64_t{s.k} * s.co,
-                         Eigen::OuterStride<>(int64_t{s.ci + s.k} * s.co));
-}
-
-// M [ho * wo, k * co] = V W_y: M[p, y, o] = sum over the taps of p inside the image of
-// W_y[tap, y, o].
-void FoldLabels(const float* kernel, const ConvShape& s, const RowMatrix& taps, float* m) {
-  MatrixMap(m, taps.rows(), int64_t{s.k} * s.co).noalias() = taps * LabelKernel(kernel, s);
-}
-
-// dW_y = V^T S from S [ho * wo, k * co], S[p, y, o] = sum of dz[n, p, o] over the images
-// n of class y (written into the label rows of the kernel gradient).
-void UnfoldLabelGradient(const float* s_sum, const ConvShape& s, const RowMatrix& taps,
-                         float* kernel_grad) {
-  StridedMap(kernel_grad + int64_t{s.ci} * s.co, kTaps, int64_t{s.k} * s.co,
-             Eigen::OuterStride<>(int64_t{s.ci + s.k} * s.co)).noalias() =
-      taps.transpose() * ConstMatrixMap(s_sum, taps.rows(), int64_t{s.k} * s.co);
-}
-
-inline float Softplus(float x) {
-  return x > 0.0f ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
-}
-inline float Sigmoid(float x) {
-  return x >= 0.0f ? 1.0f / (1.0f + std::exp(-x)) : std::exp(x) / (1.0f + std::exp(x));
-}
-
-// Batch norm over `groups` slices of `rows` rows x `cols` features (in place: z -> xhat,
-// u = gamma xhat + beta, a = lrelu(u)); rstd [groups, cols].
-void BatchNormForward(int groups, int64_t rows, int cols, float epsilon, float slope,
-                      const float* gamma, const float* beta, float* xhat, float* u,
-                      float* a, float* rstd) {
-  const int64_t per_group = rows / groups;
-  std::vector<float> mean(cols), var(cols);
-  for (int g = 0; g < groups; ++g) {
-    float* x = xhat + g * per_group * cols;
-    std::fill(mean.begin(), mean.end(), 0.0f);
-    std::fill(var.begin(), var.end(), 0.0f);
-    for (int64_t r = 0; r < per_group; ++r)
-      for (int f = 0; f < cols; ++f) mean[f] += x[r * cols + f];
-    for (int f = 0; f < cols; ++f) mean[f] /= static_cast<float>(per_group);
-    for (int64_t r = 0; r < per_group; ++r)
-      for (int f = 0; f < cols; ++f) {
-        const float d = x[r * cols + f] - mean[f];
-        var[f] += d * d;
-      }
-    float* inv = rstd + g * cols;
-    for (int f = 0; f < cols; ++f)
-      inv[f] = 1.0f / std::sqrt(var[f] / static_cast<float>(per_group) + epsilon);
-    float* u_g = u + g * per_group * cols;
-    float* a_g = a + g * per_group * cols;
-    for (int64_t r = 0; r < per_group; ++r)
-      for (int f = 0; f < cols; ++f) {
-        const int64_t i = r * cols + f;
-        const float normalised = (x[i] - mean[f]) * inv[f];
-        x[i] = normalised;
-        const float affine = gamma[f] * normalised + beta[f];
-        u_g[i] = affine;
-        a_g[i] = affine > 0.0f ? affine : affine * slope;
-      }
-  }
-}
-
-// Backward of lrelu(batch norm): du (in place from da) -> dz; accumulates dgamma, dbeta.
-void BatchNormBackward(int groups, int64_t rows, int cols, float slope, const float* gamma,
-                       const float* xhat, const float* u, const float* rstd, float* grad,
-                       float* dgamma, float* dbeta) {
-  const int64_t per_group = rows / groups;
-  std::vector<double> sum_dxhat(cols), sum_dxhat_xhat(cols), sum_du(cols), sum_du_xhat(cols);
-  for (int64_t i = 0; i < rows * cols; ++i) grad[i] = u[i] > 0.0f ? grad[i] : grad[i] * slope;
-  for (int g = 0; g < groups; ++g) {
-    std::fill(sum_du.begin(), sum_du.end(), 0.0);
-    std::fill(sum_du_xhat.begin(), sum_du_xhat.end(), 0.0);
-    const int64_t base = g * per_group * cols;
-    for (int64_t r = 0; r < per_group; ++r)
-      for (int f = 0; f < cols; ++f) {
-        const int64_t i = base + r * cols + f;
-        sum_du[f] += grad[i];
-        sum_du_xhat[f] += double{grad[i]} * xhat[i];
-      }
-    for (int f = 0; f < cols; ++f) {
-      dbeta[f] += static_cast<float>(sum_du[f]);
-      dgamma[f] += static_cast<float>(sum_du_xhat[f]);
-    }
-    const float* inv = rstd + g * cols;
-    for (int64_t r = 0; r < per_group; ++r)
-      for (int f = 0; f < cols; ++f) {
-        const int64_t i = base + r * cols + f;
-        // dz = gamma rstd (du - mean(du) - xhat mean(du xhat))
-        const double centred = grad[i] - sum_du[f] / per_group - xhat[i] * sum_du_xhat[f] / per_group;
-        grad[i] = static_cast<float>(gamma[f] * inv[f] * centred);
-      }
-  }
-}
-
-// One teacher's forward and backward pass; buffers are reused across teachers of a thread.
-class Discriminator {
- public:
-  Discriminator(const Geometry& g, float slope, float bn_epsilon)
-      : g_(g), slope_(slope), bn_epsilon_(bn_epsilon) {
-    conv0_ = {g.h, g.w, g.c, g.h1, g.w1, g.c0, g.pad0_top, g.pad0_left, g.k};
-    conv1_ = {g.h1, g.w1, g.c0, g.h2, g.w2, g.c1, g.pad1_top, g.pad1_left, g.k};
-    taps0_ = InsideTaps(conv0_);
-    taps1_ = InsideTaps(conv1_);
-    rows0_ = int64_t{g.n} * g.h1 * g.w1;
-    rows1_ = int64_t{g.n} * g.h2 * g.w2;
-    w0x_.resize(int64_t{kTaps} * g.c * g.c0);
-    w1x_.resize(int64_t{kTaps} * g.c0 * g.c1);
-    m0_.resize(int64_t{g.k} * g.h1 * g.w1 * g.c0);
-    m1_.resize(int64_t{g.k} * g.h2 * g.w2 * g.c1);
-    p0_.resize(rows0_ * kTaps * g.c);
-    z0_.resize(rows0_ * g.c0);
-    a0_.resize(rows0_ * g.c0);
-    p1_.resize(rows1_ * kTaps * g.c0);
-    xhat1_.resize(rows1_ * g.c1);
-    u1_.resize(rows1_ * g.c1);
-    a1_.resize(rows1_ * g.c1);
-    rstd1_.resize(int64_t{g.groups} * g.c1);
-    xhat2_.resize(int64_t{g.n} * g.dense);
-    u2_.resize(int64_t{g.n} * g.dense);
-    a2_.resize(int64_t{g.n} * g.dense);
-    rstd2_.resize(int64_t{g.groups} * g.dense);
-    logits_.resize(g.n);
-    d2_.resize(int64_t{g.n} * g.dense);
-    d1_.resize(rows1_ * g.c1);
-    dp_.resize(std::max(rows1_ * kTaps * g.c0, rows0_ * kTaps * g.c));
-    d0_.resize(rows0_ * g.c0);
-    kgrad_.resize(std::max(int64_t{kTaps} * g.c0 * g.c1, int64_t{kTaps} * g.c * g.c0));
-    col_.resize(std::max({rows0_ * g.c0, rows1_ * g.c1, static_cast<int64_t>(kgrad_.size())}));
-    label_sum_.resize(std::max(m0_.size(), m1_.size()));
-  }
-
-  const std::vector<float>& logits() const { return logits_; }
-
-  // A [P] buffer for this thread's parameter gradients (allocated at the first use).
-  float* GradientBuffer() {
-    if (grad_.size() != static_cast<size_t>(g_.size)) grad_.resize(g_.size);
-    return grad_.data();
-  }
-
-  bool Matches(const Geometry& g, float slope, float bn_epsilon) const {
-    return g.n == g_.n && g.groups == g_.groups && g.h == g_.h && g.w == g_.w &&
-           g.c == g_.c && g.k == g_.k && g.c1 == g_.c1 && g.dense == g_.dense &&
-           slope == slope_ && bn_epsilon == bn_epsilon_;
-  }
-
-  // x [n, h, w, c]; y [n] class indices in [0, k).
-  void Forward(const float* p, const float* x, const int32_t* y) {
-    const Geometry& g = g_;
-    // conv0 (image part as a GEMM on patches, label part folded) + bias, lrelu
-    GatherImageKernel(p + g.k0, conv0_, w0x_.data());
-    FoldLabels(p + g.k0, conv0_, taps0_, m0_.data());
-    Im2Col(x, g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, p0_.data());
-    ColMatrixMap z0_col(col_.data(), rows0_, g.c0);
-    z0_col.noalias() = ConstMatrixMap(p0_.data(), rows0_, int64_t{kTaps} * g.c) *
-                       ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0);
-    MatrixMap(z0_.data(), rows0_, g.c0) = z0_col;
-    AddLabelAndBias(m0_.data(), p + g.b0, y, int64_t{g.h1} * g.w1, g.c0, z0_.data());
-    for (int64_t i = 0; i < rows0_ * g.c0; ++i)
-      a0_[i] = z0_[i] > 0.0f ? z0_[i] : z0_[i] * slope_;
-    // conv1 + bias, batch norm, lrelu
-    GatherImageKernel(p + g.k1, conv1_, w1x_.data());
-    FoldLabels(p + g.k1, conv1_, taps1_, m1_.data());
-    Im2Col(a0_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, p1_.data());
-    ColMatrixMap z1_col(col_.data(), rows1_, g.c1);
-    z1_col.noalias() = ConstMatrixMap(p1_.data(), rows1_, int64_t{kTaps} * g.c0) *
-                       ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1);
-    MatrixMap(xhat1_.data(), rows1_, g.c1) = z1_col;
-    AddLabelAndBias(m1_.data(), p + g.b1, y, int64_t{g.h2} * g.w2, g.c1, xhat1_.data());
-    BatchNormForward(g.groups, rows1_, g.c1, bn_epsilon_, slope_, p + g.g1, p + g.be1,
-                     xhat1_.data(), u1_.data(), a1_.data(), rstd1_.data());
-    // dense2 on [flatten, y] + bias, batch norm, lrelu
-    MatrixMap z2(xhat2_.data(), g.n, g.dense);
-    z2.noalias() = ConstMatrixMap(a1_.data(), g.n, g.flat) *
-                   ConstMatrixMap(p + g.k2, g.flat, g.dense);
-    for (int b = 0; b < g.n; ++b) {
-      const float* label_row = p + g.k2 + (g.flat + y[b]) * g.dense;
-      float* out = xhat2_.data() + int64_t{b} * g.dense;
-      for (int d = 0; d < g.dense; ++d) out[d] += label_row[d] + p[g.b2 + d];
-    }
-    BatchNormForward(g.groups, g.n, g.dense, bn_epsilon_, slope_, p + g.g2, p + g.be2,
-                     xhat2_.data(), u2_.data(), a2_.data(), rstd2_.data());
-    // dense3 on [a2, y]
-    for (int b = 0; b < g.n; ++b) {
-      const float* a = a2_.data() + int64_t{b} * g.dense;
-      float sum = 0.0f;
-      for (int d = 0; d < g.dense; ++d) sum += a[d] * p[g.k3 + d];
-      logits_[b] = sum + p[g.k3 + g.dense + y[b]] + p[g.b3];
-    }
-  }
-
-  // Backward from dL/dlogit [n].  grad (size P), if not null, receives dL/dparameters;
-  // dx [n, h, w, c], if not null, receives dL/dx.
-  void Backward(const float* p, const int32_t* y, const float* dlogit, float* grad,
-                float* dx) {
-    const Geometry& g = g_;
-    if (grad != nullptr) {
-      // Assigned below: the conv kernels and dense2's image rows; accumulated: the rest.
-      std::fill(grad + g.b0, grad + g.k1, 0.0f);
-      std::fill(grad + g.b1, grad + g.k2, 0.0f);
-      std::fill(grad + g.k2 + g.flat * g.dense, grad + g.size, 0.0f);
-    }
-    // dense3
-    for (int b = 0; b < g.n; ++b) {
-      const float* a = a2_.data() + int64_t{b} * g.dense;
-      float* da = d2_.data() + int64_t{b} * g.dense;
-      for (int d = 0; d < g.dense; ++d) da[d] = dlogit[b] * p[g.k3 + d];
-      if (grad != nullptr) {
-        for (int d = 0; d < g.dense; ++d) grad[g.k3 + d] += a[d] * dlogit[b];
-        grad[g.k3 + g.dense + y[b]] += dlogit[b];
-        grad[g.b3] += dlogit[b];
-      }
-    }
-    // batch norm 2 and lrelu -> dz2 (in d2_)
-    std::vector<float> scratch_gamma, scratch_beta;
-    float* dgamma2 = grad != nullptr ? grad + g.g2 : Scratch(&scratch_gamma, g.dense);
-    float* dbeta2 = grad != nullptr ? grad + g.be2 : Scratch(&scratch_beta, g.dense);
-    BatchNormBackward(g.groups, g.n, g.dense, slope_, p + g.g2, xhat2_.data(), u2_.data(),
-                      rstd2_.data(), d2_.data(), dgamma2, dbeta2);
-    ConstMatrixMap dz2(d2_.data(), g.n, g.dense);
-    if (grad != nullptr) {
-      MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
-          ConstMatrixMap(a1_.data(), g.n, g.flat).transpose() * dz2;
-      for (int b = 0; b < g.n; ++b) {
-        float* label_row = grad + g.k2 + (g.flat + y[b]) * g.dense;
-        for (int d = 0; d < g.dense; ++d) {
-          label_row[d] += dz2(b, d);
-          grad[g.b2 + d] += dz2(b, d);
-        }
-      }
-    }
-    // -> da1, batch norm 1 and lrelu -> dz1 (in d1_)
-    MatrixMap(d1_.data(), g.n, g.flat).noalias() =
-        dz2 * ConstMatrixMap(p + g.k2, g.flat, g.dense).transpose();
-    float* dgamma1 = grad != nullptr ? grad + g.g1 : Scratch(&scratch_gamma, g.c1);
-    float* dbeta1 = grad != nullptr ? grad + g.be1 : Scratch(&scratch_beta, g.c1);
-    BatchNormBackward(g.groups, rows1_, g.c1, slope_, p + g.g1, xhat1_.data(), u1_.data(),
-                      rstd1_.data(), d1_.data(), dgamma1, dbeta1);
-    ConstMatrixMap dz1(d1_.data(), rows1_, g.c1);
-    if (grad != nullptr) {
-      KernelGradient(p1_.data(), dz1, conv1_, taps1_, rows1_, y,
-                     grad + g.k1, grad + g.b1);
-    }
-    // -> da0 via the patches' gradient, lrelu -> dz0 (in d0_)
-    MatrixMap dp1(dp_.data(), rows1_, int64_t{kTaps} * g.c0);
-    dp1.noalias() = dz1 * ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1).transpose();
-    Col2Im(dp_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, d0_.data());
-    for (int64_t i = 0; i < rows0_ * g.c0; ++i)
-      if (!(z0_[i] > 0.0f)) d0_[i] *= slope_;
-    ConstMatrixMap dz0(d0_.data(), rows0_, g.c0);
-    if (grad != nullptr) {
-      KernelGradient(p0_.data(), dz0, conv0_, taps0_, rows0_, y, grad + g.k0, grad + g.b0);
-    }
-    if (dx != nullptr) {
-      MatrixMap dp0(dp_.data(), rows0_, int64_t{kTaps} * g.c);
-      dp0.noalias() = dz0 * ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0).transpose();
-      Col2Im(dp_.data(), g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, dx);
-    }
-  }
-
- private:
-  static float* Scratch(std::vector<float>* buffer, int size) {
-    buffer->assign(size, 0.0f);
-    return buffer->data();
-  }
-
-  // z [n, positions, co] += M[p, y_n, :] + bias.
-  void AddLabelAndBias(const float* m, const float* bias, const int32_t* y, int64_t positions,
-                       int co, float* z) const {
-    const int k = g_.k;
-    for (int b = 0; b < g_.n; ++b)
-      for (int64_t p = 0; p < positions; ++p) {
-        const float* fold = m + (p * k + y[b]) * co;
-        float* out = z + (b * positions + p) * co;
-        for (int o = 0; o < co; ++o) out[o] += fold[o] + bias[o];
-      }
-  }
-
-  // Kernel (image and label parts) and bias gradients of one convolution from dz.
-  void KernelGradient(const float* patches, const ConstMatrixMap& dz, const ConvShape& s,
-                      const RowMatrix& taps, int64_t rows, const int32_t* y,
-                      float* kernel_grad, float* bias_grad) {
-    const int64_t taps_in = int64_t{kTaps} * s.ci;
-    ColMatrixMap image_grad_col(col_.data(), taps_in, s.co);
-    image_grad_col.noalias() = ConstMatrixMap(patches, rows, taps_in).transpose() * dz;
-    MatrixMap(kgrad_.data(), taps_in, s.co) = image_grad_col;
-    ScatterImageKernel(kgrad_.data(), s, kernel_grad);
-    const int64_t positions = int64_t{s.ho} * s.wo;
-    const int k = s.k, co = s.co;
-    std::fill(label_sum_.begin(), label_sum_.begin() + positions * k * co, 0.0f);
-    for (int b = 0; b < g_.n; ++b)
-      for (int64_t p = 0; p < positions; ++p) {
-        const float* from = dz.data() + (b * positions + p) * co;
-        float* to = label_sum_.data() + (p * k + y[b]) * co;
-        for (int o = 0; o < co; ++o) to[o] += from[o];
-      }
-    for (int64_t row = 0; row < positions * k; ++row)
-      for (int o = 0; o < co; ++o) bias_grad[o] += label_sum_[row * co + o];
-    UnfoldLabelGradient(label_sum_.data(), s, taps, kernel_grad);
-  }
-
-  Geometry g_;
-  float slope_, bn_epsilon_;
-  ConvShape conv0_{}, conv1_{};
-  RowMatrix taps0_, taps1_;
-  int64_t rows0_ = 0, rows1_ = 0;
-  std::vector<float> w0x_, w1x_, m0_, m1_, p0_, z0_, a0_, p1_, xhat1_, u1_, a1_, rstd1_;
-  std::vector<float> xhat2_, u2_, a2_, rstd2_, logits_, d2_, d1_, dp_, d0_, kgrad_, label_sum_;
-  std::vector<float> grad_, col_;
-};
-
-struct Hyper {
-  int num_classes = 0, conv1_filters = 0, dense_units = 0;
-  float leaky_slope = 0.2f, bn_epsilon = 1e-5f;
-};
-
-tensorflow::Status ReadHyper(OpKernelConstruction* ctx, Hyper* hyper) {
-  TF_RETURN_IF_ERROR(ctx->GetAttr("num_classes", &hyper->num_classes));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("conv1_filters", &hyper->conv1_filters));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("dense_units", &hyper->dense_units));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("leaky_slope", &hyper->leaky_slope));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("bn_epsilon", &hyper->bn_epsilon));
+tensorflow::Status ReadNetwork(OpKernelConstruction* ctx, teacher_step::Network* net) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_classes", &net->num_classes));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("conv1_filters", &net->conv1_filters));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dense_units", &net->dense_units));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("leaky_slope", &net->leaky_slope));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bn_epsilon", &net->bn_epsilon));
   return tensorflow::OkStatus();
 }
 
 // Checks weights [T, P] against the geometry and the labels' range.
 tensorflow::Status CheckInputs(const Geometry& g, const Tensor& weights, const Tensor& labels,
                                int64_t teachers) {
-  if (g.h % 4 != 0 || g.w % 4 != 0)
-    return InvalidArgument("image height and width must be multiples of 4, got ", g.h, "x",
-                           g.w);
-  if (weights.dims() != 2 || weights.dim_size(1) != g.size)
-    return InvalidArgument("weights must be [teachers, ", g.size, "] for this image shape "
-                           "and network, got ", weights.shape().DebugString());
+  if (weights.dims() != 2)
+    return InvalidArgument("weights must be [teachers, ", g.size, "], got ",
+                           weights.shape().DebugString());
+  const std::string problem = teacher_step::Validate(
+      g, weights.dim_size(1), labels.flat<int32_t>().data(), labels.NumElements());
+  if (!problem.empty()) return InvalidArgument(problem);
   if (weights.dim_size(0) != teachers)
     return InvalidArgument("weights has ", weights.dim_size(0), " teachers, the images ",
                            teachers);
-  const auto flat = labels.flat<int32_t>();
-  for (int64_t i = 0; i < flat.size(); ++i) {
-    if (flat(i) < 0 || flat(i) >= g.k)
-      return InvalidArgument("label ", flat(i), " at position ", i, " is outside [0, ", g.k,
-                             ")");
-  }
   return tensorflow::OkStatus();
-}
-
-int64_t TeacherCost(const Geometry& g) {
-  // About 6 multiply-adds per weight use, a cycle each: enough for the sharder to split.
-  return 6 * (int64_t{g.n} * (g.h1 * g.w1 * kTaps * g.c * g.c0 +
-                               g.h2 * g.w2 * kTaps * g.c0 * g.c1 + g.flat * g.dense));
-}
-
-// TF's ApplyAdam formula on one teacher's P parameters: reads (w, m, v) from `from_*` and
-// writes them to `to_*` (the same arrays for an update in place; element i only touches
-// index i, so the loop is vectorised either way).
-void AdamUpdate(int64_t size, const float* grad, float alpha, float one_minus_beta1,
-                float one_minus_beta2, float epsilon, const float* from_w, const float* from_m,
-                const float* from_v, float* to_w, float* to_m, float* to_v) {
-  using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
-  using Array = Eigen::Map<Eigen::ArrayXf>;
-  constexpr int64_t kBlock = 1024;   // three passes over a block that stays in L1
-  for (int64_t at = 0; at < size; at += kBlock) {
-    const int64_t n = std::min(kBlock, size - at);
-    ConstArray g(grad + at, n);
-    Array m(to_m + at, n), v(to_v + at, n);
-    m = ConstArray(from_m + at, n) + (g - ConstArray(from_m + at, n)) * one_minus_beta1;
-    v = ConstArray(from_v + at, n) + (g.square() - ConstArray(from_v + at, n)) * one_minus_beta2;
-    Array(to_w + at, n) = ConstArray(from_w + at, n) - alpha * m / (v.sqrt() + epsilon);
-  }
-}
-
-// The thread's Discriminator for this geometry (buffers reused across calls).
-Discriminator& ThreadDiscriminator(const Geometry& g, float slope, float bn_epsilon) {
-  thread_local std::unique_ptr<Discriminator> cached;
-  if (cached == nullptr || !cached->Matches(g, slope, bn_epsilon))
-    cached = std::make_unique<Discriminator>(g, slope, bn_epsilon);
-  return *cached;
 }
 
 class TeacherTrainOp : public OpKernel {
  public:
   explicit TeacherTrainOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadHyper(ctx, &hyper_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_steps", &num_steps_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("learning_rate", &learning_rate_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &beta1_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &beta2_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
-    OP_REQUIRES(ctx, num_steps_ >= 1, InvalidArgument("num_steps must be >= 1, got ",
-                                                      num_steps_));
+    OP_REQUIRES_OK(ctx, ReadNetwork(ctx, &network_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_steps", &adam_.num_steps));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("learning_rate", &adam_.learning_rate));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &adam_.beta1));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &adam_.beta2));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &adam_.epsilon));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -633,7 +81,7 @@ class TeacherTrainOp : public OpKernel {
                 InvalidArgument("first_step must be a scalar"));
     const Geometry g(n, 2, static_cast<int>(images.dim_size(2)),
                      static_cast<int>(images.dim_size(3)), static_cast<int>(images.dim_size(4)),
-                     hyper_.num_classes, hyper_.conv1_filters, hyper_.dense_units);
+                     network_.num_classes, network_.conv1_filters, network_.dense_units);
     for (int i = 0; i < 3; ++i) {
       OP_REQUIRES_OK(ctx, CheckInputs(g, ctx->input(i), labels, teachers));
     }
@@ -642,74 +90,34 @@ class TeacherTrainOp : public OpKernel {
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(),
                                                                 &outputs[i]));
     }
-    // The first Adam step reads the inputs and writes the outputs (no copy); later steps
-    // update the outputs in place.  A forwarded input is the output itself.
-    const float* in_weights = ctx->input(0).flat<float>().data();
-    const float* in_adam_m = ctx->input(1).flat<float>().data();
-    const float* in_adam_v = ctx->input(2).flat<float>().data();
     Tensor* losses = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({teachers}), &losses));
-    float* weights = outputs[0]->flat<float>().data();
-    float* adam_m = outputs[1]->flat<float>().data();
-    float* adam_v = outputs[2]->flat<float>().data();
-    const float* x = images.flat<float>().data();
-    const int32_t* y = labels.flat<int32_t>().data();
-    float* loss_out = losses->flat<float>().data();
-    const int64_t step0 = first_step.scalar<int64_t>()();
-    const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
-    const int half = n / 2;
-
+    teacher_step::Adam adam = adam_;
+    adam.first_step = first_step.scalar<int64_t>()();
+    // The first Adam step reads the inputs and writes the outputs (no copy); later steps
+    // update the outputs in place.  A forwarded input is the output itself.
     auto work = [&](int64_t begin, int64_t end) {
-      Discriminator& net = ThreadDiscriminator(g, hyper_.leaky_slope, hyper_.bn_epsilon);
-      float* grad = net.GradientBuffer();
-      std::vector<float> dlogit(n);
-      for (int64_t t = begin; t < end; ++t) {
-        float* w = weights + t * g.size;
-        float* m = adam_m + t * g.size;
-        float* v = adam_v + t * g.size;
-        const int32_t* yt = y + t * n;
-        for (int s = 0; s < num_steps_; ++s) {
-          const float* from_w = s == 0 ? in_weights + t * g.size : w;
-          const float* from_m = s == 0 ? in_adam_m + t * g.size : m;
-          const float* from_v = s == 0 ? in_adam_v + t * g.size : v;
-          net.Forward(from_w, x + t * image_size, yt);
-          const std::vector<float>& logit = net.logits();
-          double real = 0.0, fake = 0.0;
-          for (int b = 0; b < half; ++b) {
-            real += Softplus(-logit[b]);
-            dlogit[b] = -Sigmoid(-logit[b]) / half;
-          }
-          for (int b = half; b < n; ++b) {
-            fake += Softplus(logit[b]);
-            dlogit[b] = Sigmoid(logit[b]) / half;
-          }
-          loss_out[t] = static_cast<float>(real / half + fake / half);
-          net.Backward(from_w, yt, dlogit.data(), grad, nullptr);
-          const double step = static_cast<double>(step0 + s + 1);
-          const float beta1_power = static_cast<float>(std::pow(double{beta1_}, step));
-          const float beta2_power = static_cast<float>(std::pow(double{beta2_}, step));
-          const float alpha =
-              learning_rate_ * std::sqrt(1.0f - beta2_power) / (1.0f - beta1_power);
-          AdamUpdate(g.size, grad, alpha, 1.0f - beta1_, 1.0f - beta2_, epsilon_, from_w,
-                     from_m, from_v, w, m, v);
-        }
-      }
+      teacher_step::TrainTeachers(
+          g, network_, adam, ctx->input(0).flat<float>().data(),
+          ctx->input(1).flat<float>().data(), ctx->input(2).flat<float>().data(),
+          outputs[0]->flat<float>().data(), outputs[1]->flat<float>().data(),
+          outputs[2]->flat<float>().data(), images.flat<float>().data(),
+          labels.flat<int32_t>().data(), losses->flat<float>().data(), begin, end);
     };
     auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
     tensorflow::Shard(pool->num_threads, pool->workers, teachers,
-                      TeacherCost(g) * num_steps_ * 3, work);
+                      teacher_step::TeacherCost(g) * adam.num_steps * 3, work);
   }
 
  private:
-  Hyper hyper_;
-  int num_steps_ = 1;
-  float learning_rate_ = 0.0f, beta1_ = 0.0f, beta2_ = 0.0f, epsilon_ = 0.0f;
+  teacher_step::Network network_;
+  teacher_step::Adam adam_;
 };
 
 class TeacherImageGradientsOp : public OpKernel {
  public:
   explicit TeacherImageGradientsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadHyper(ctx, &hyper_));
+    OP_REQUIRES_OK(ctx, ReadNetwork(ctx, &network_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -730,35 +138,23 @@ class TeacherImageGradientsOp : public OpKernel {
     const int64_t teachers = weights.dim_size(0);
     const Geometry g(n, 1, static_cast<int>(images.dim_size(1)),
                      static_cast<int>(images.dim_size(2)), static_cast<int>(images.dim_size(3)),
-                     hyper_.num_classes, hyper_.conv1_filters, hyper_.dense_units);
+                     network_.num_classes, network_.conv1_filters, network_.dense_units);
     OP_REQUIRES_OK(ctx, CheckInputs(g, weights, labels, teachers));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({teachers, n, g.h, g.w, g.c}), &out));
-    const float* w = weights.flat<float>().data();
-    const float* x = images.flat<float>().data();
-    const int32_t* y = labels.flat<int32_t>().data();
-    float* dx = out->flat<float>().data();
-    const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
-
     auto work = [&](int64_t begin, int64_t end) {
-      Discriminator& net = ThreadDiscriminator(g, hyper_.leaky_slope, hyper_.bn_epsilon);
-      std::vector<float> dlogit(n);
-      for (int64_t t = begin; t < end; ++t) {
-        net.Forward(w + t * g.size, x, y);
-        const std::vector<float>& logit = net.logits();
-        for (int b = 0; b < n; ++b) dlogit[b] = -Sigmoid(-logit[b]) / n;
-        float* out_t = dx + t * image_size;
-        net.Backward(w + t * g.size, y, dlogit.data(), nullptr, out_t);
-        for (int64_t i = 0; i < image_size; ++i) out_t[i] = -out_t[i];
-      }
+      teacher_step::ImageGradients(g, network_, weights.flat<float>().data(),
+                                   images.flat<float>().data(), labels.flat<int32_t>().data(),
+                                   out->flat<float>().data(), begin, end);
     };
     auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(pool->num_threads, pool->workers, teachers, TeacherCost(g) * 2, work);
+    tensorflow::Shard(pool->num_threads, pool->workers, teachers,
+                      teacher_step::TeacherCost(g) * 2, work);
   }
 
  private:
-  Hyper hyper_;
+  teacher_step::Network network_;
 };
 
 }  // namespace

@@ -204,3 +204,66 @@ def test_bad_inputs_are_refused_by_name(change, message):
         teacher_op.train(weights, zeros, zeros, images, both, 0, shape=shape, num_steps=1,
                          learning_rate=LR, beta1=BETA1, beta2=ADAM_BETA2,
                          epsilon=ADAM_EPSILON)
+
+
+# ------------------------------------------------------------- numpy state, in place (ctypes)
+def test_in_place_entry_point_gives_the_ops_bits_and_overwrites_the_state():
+    assert teacher_op.capi_available(), teacher_op.CAPI_LIBRARY
+    shape = SHAPES[1]
+    _, weights, real, fake, labels = _case(shape, num_teachers=3, batch=4, seed=10)
+    rng = np.random.default_rng(11)
+    m = rng.normal(0, 1e-3, weights.shape).astype(np.float32)
+    v = rng.uniform(0, 1e-6, weights.shape).astype(np.float32)
+    images = np.concatenate([real, fake], 1)
+    both = np.concatenate([labels, labels], 1).astype(np.int32)
+    expected = teacher_op.train(weights, m, v, images, both, 5, shape=shape, num_steps=2,
+                                learning_rate=LR, beta1=BETA1, beta2=ADAM_BETA2,
+                                epsilon=ADAM_EPSILON)
+    state = [weights.copy(), m.copy(), v.copy()]
+    losses = teacher_op.train_in_place(*state, images, both, 5, shape=shape, num_steps=2,
+                                       learning_rate=LR, beta1=BETA1, beta2=ADAM_BETA2,
+                                       epsilon=ADAM_EPSILON)
+    for got, want in zip(state + [losses], expected):
+        np.testing.assert_array_equal(got, want)
+    queries = teacher_op.image_gradients_numpy(weights, real[0], labels[0], shape=shape)
+    np.testing.assert_array_equal(
+        queries, teacher_op.image_gradients(weights, real[0], labels[0].astype(np.int32),
+                                            shape=shape))
+
+
+def test_in_place_entry_point_refuses_bad_input_and_writes_nothing():
+    shape = SHAPES[0]
+    _, weights, real, fake, labels = _case(shape, num_teachers=2, batch=3, seed=12)
+    both = np.concatenate([labels, labels], 1)
+    both[1, 2] = -1
+    before = weights.copy()
+    zeros = [np.zeros_like(weights), np.zeros_like(weights)]
+    with pytest.raises(ValueError, match=r"label -1 at position 8 is outside \[0, 10\)"):
+        teacher_op.train_in_place(weights, *zeros, np.concatenate([real, fake], 1), both, 0,
+                                  shape=shape, num_steps=1, learning_rate=LR, beta1=BETA1,
+                                  beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+    np.testing.assert_array_equal(weights, before)
+    with pytest.raises(ValueError, match="writable C-contiguous float32"):
+        teacher_op.train_in_place(weights.astype(np.float64), *zeros,
+                                  np.concatenate([real, fake], 1), both, 0, shape=shape,
+                                  num_steps=1, learning_rate=LR, beta1=BETA1,
+                                  beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+
+
+def test_fast_ensemble_trains_a_bank_chunk_in_place_as_train_does():
+    shape = SHAPES[0]
+    _, weights, real, fake, labels = _case(shape, num_teachers=2, batch=3, seed=13)
+    one_hot = tf.one_hot(labels, shape.num_classes)
+    ensemble = FastTeacherEnsemble(shape, learning_rate=LR, beta1=BETA1, conv_path="fused")
+    state = TeacherState(weights.copy(), np.zeros_like(weights), np.zeros_like(weights),
+                         np.array([2, 2]))
+    assert ensemble.can_train_in_place(state)
+    copied, loss = ensemble.train(state, real, one_hot, fake, one_hot, num_steps=2)
+    np.testing.assert_array_equal(state.weights, weights)       # train() copies
+    in_place_loss = ensemble.train_in_place(state, real, one_hot, fake, one_hot, num_steps=2)
+    np.testing.assert_array_equal(in_place_loss, loss)
+    np.testing.assert_array_equal(state.weights, copied.weights)
+    np.testing.assert_array_equal(state.adam_v, copied.adam_v)
+    mixed = state._replace(steps=np.array([1, 2]))
+    assert not ensemble.can_train_in_place(mixed)
+    assert not ensemble.can_train_in_place(state._replace(weights=tf.constant(weights)))
