@@ -200,7 +200,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
         ``ram_budget``, default half the RAM).
       bank_dir: folder for a disk bank (default: a temporary folder, removed afterwards).
       bank_ram_bytes: RAM tier of a disk bank (default: half the RAM; 0 = all on disk).
-      conv_path: the teachers' convolution path (``auto``, ``grouped``, ``per_teacher``).
+      conv_path: the teachers' path (``auto``, ``fused``, ``grouped``, ``per_teacher``).
       peak_gflops: the matmul peak measured in the same run, for the fraction of peak.
     """
     if steps < 1 or warmup < 0:

@@ -115,6 +115,7 @@ def test_config_refuses_a_conv_path_string():
 def test_machine_description_names_cpu_and_onednn():
     described = teacher_conv.describe(ConvPath.PER_TEACHER)
     assert described["conv_path"] == "per_teacher"
+    assert described["fused_op_available"] is teacher_op.available()
     assert described["onednn_enabled"] in (True, False, None)
     if os.path.exists("/proc/cpuinfo"):
         assert "sse4_2" in described["cpu_vector_extensions"]
