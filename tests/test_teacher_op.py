@@ -81,6 +81,22 @@ def test_one_step_gradients_and_loss_equal_the_reference(shape):
     assert _relative(adam_v, ref_state.adam_v) < 2 * RTOL_GRAD
 
 
+def test_celeba_sized_teacher_equals_the_reference():
+    """64x64x3 with 2 classes (the CelebA-Gender teacher, 2.2M parameters): the larger
+    buffers of every layer; one teacher, six images per half (batch norm over two images per
+    half is too ill-conditioned for a 1e-4 comparison of gradients)."""
+    shape = networks.ImageShape(64, 64, 3, 2)
+    _, weights, real, fake, labels = _case(shape, num_teachers=1, batch=6, seed=14)
+    ref_state, ref_loss = _reference_train(shape, weights, real, fake, labels, 1)
+    _, adam_m, _, loss = _op_train(shape, weights, real, fake, labels, 1)
+    np.testing.assert_allclose(loss, ref_loss, rtol=RTOL_LOSS)
+    assert _relative(adam_m, ref_state.adam_m) < RTOL_GRAD
+    reference = teachers.TeacherEnsemble(shape, learning_rate=LR, beta1=BETA1)
+    expected = reference.image_gradients(weights, real[0], tf.one_hot(labels[0], 2))
+    got = teacher_op.image_gradients_numpy(weights, real[0], labels[0], shape=shape)
+    assert _relative(got, expected) < RTOL_GRAD
+
+
 def test_several_steps_stay_with_the_reference():
     """After the first step the weights differ by round-off amplified by Adam where a
     gradient is tiny (Adam's step is +-lr whatever the size of g), and later gradients
