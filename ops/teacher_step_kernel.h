@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -541,13 +542,48 @@ inline void AdamUpdate(int64_t size, const float* grad, float alpha, float one_m
   }
 }
 
-// The thread's Discriminator for this geometry (buffers reused across calls).
-inline Discriminator& ThreadDiscriminator(const Geometry& g, float slope, float bn_epsilon) {
-  thread_local std::unique_ptr<Discriminator> cached;
-  if (cached == nullptr || !cached->Matches(g, slope, bn_epsilon))
-    cached = std::make_unique<Discriminator>(g, slope, bn_epsilon);
-  return *cached;
-}
+// Discriminators (with their buffers, ~10 MB for 28x28) kept across calls and threads: the
+// C entry points start fresh threads every call, so a thread-local cache would allocate
+// and zero them for every chunk.  A lease takes a matching one from the pool (or builds
+// one) and gives it back when it ends.
+class DiscriminatorLease {
+ public:
+  DiscriminatorLease(const Geometry& g, float slope, float bn_epsilon) {
+    {
+      std::lock_guard<std::mutex> lock(Mutex());
+      auto& pool = Pool();
+      for (auto it = pool.begin(); it != pool.end(); ++it) {
+        if ((*it)->Matches(g, slope, bn_epsilon)) {
+          net_ = std::move(*it);
+          pool.erase(it);
+          break;
+        }
+      }
+    }
+    if (net_ == nullptr) net_ = std::make_unique<Discriminator>(g, slope, bn_epsilon);
+  }
+  ~DiscriminatorLease() {
+    std::lock_guard<std::mutex> lock(Mutex());
+    auto& pool = Pool();
+    pool.push_back(std::move(net_));
+    if (pool.size() > kMaxPooled) pool.erase(pool.begin());   // the oldest goes
+  }
+  DiscriminatorLease(const DiscriminatorLease&) = delete;
+  DiscriminatorLease& operator=(const DiscriminatorLease&) = delete;
+  Discriminator& operator*() { return *net_; }
+
+ private:
+  static constexpr size_t kMaxPooled = 64;
+  static std::mutex& Mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static std::vector<std::unique_ptr<Discriminator>>& Pool() {
+    static std::vector<std::unique_ptr<Discriminator>> pool;
+    return pool;
+  }
+  std::unique_ptr<Discriminator> net_;
+};
 
 struct Network {
   int num_classes = 0, conv1_filters = 0, dense_units = 0;
@@ -584,7 +620,8 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
                           const float* in_w, const float* in_m, const float* in_v,
                           float* out_w, float* out_m, float* out_v, const float* x,
                           const int32_t* y, float* losses, int64_t begin, int64_t end) {
-  Discriminator& net = ThreadDiscriminator(g, net_params.leaky_slope, net_params.bn_epsilon);
+  DiscriminatorLease lease(g, net_params.leaky_slope, net_params.bn_epsilon);
+  Discriminator& net = *lease;
   float* grad = net.GradientBuffer();
   const int n = g.n, half = g.n / 2;
   const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
@@ -626,7 +663,8 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
 inline void ImageGradients(const Geometry& g, const Network& net_params, const float* weights,
                            const float* x, const int32_t* y, float* out, int64_t begin,
                            int64_t end) {
-  Discriminator& net = ThreadDiscriminator(g, net_params.leaky_slope, net_params.bn_epsilon);
+  DiscriminatorLease lease(g, net_params.leaky_slope, net_params.bn_epsilon);
+  Discriminator& net = *lease;
   const int n = g.n;
   const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
   std::vector<float> dlogit(n);
