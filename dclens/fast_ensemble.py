@@ -109,6 +109,16 @@ def _leaky_relu(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.leaky_relu(x, alpha=networks.LEAKY_SLOPE)
 
 
+def _merged_batch(real, real_labels, fake, fake_labels) -> tuple[np.ndarray, np.ndarray]:
+    """The fused step's input: images [T, 2B, H, W, C] (real then fake) and class indices
+    int32 [T, 2B] from one-hot labels."""
+    images = np.concatenate([np.asarray(real, np.float32), np.asarray(fake, np.float32)],
+                            axis=1)
+    labels = np.concatenate([np.argmax(np.asarray(real_labels), axis=-1),
+                             np.argmax(np.asarray(fake_labels), axis=-1)], axis=1)
+    return images, labels.astype(np.int32)
+
+
 class _ChunkVariables:
     """Weights and Adam moments of a chunk of T teachers as three [T, P] variables."""
 
@@ -272,10 +282,7 @@ class FastTeacherEnsemble:
         steps = np.asarray(state.steps, np.int64)
         same_count = bool(steps.size and np.all(steps == steps[0]))
         if same_count and self.conv_path is ConvPath.FUSED:
-            images = tf.concat([tf.convert_to_tensor(real, tf.float32),
-                                tf.convert_to_tensor(fake, tf.float32)], axis=1)
-            labels = tf.concat([tf.argmax(real_labels, axis=-1, output_type=tf.int32),
-                                tf.argmax(fake_labels, axis=-1, output_type=tf.int32)], axis=1)
+            images, labels = _merged_batch(real, real_labels, fake, fake_labels)
             weights, adam_m, adam_v, losses = teacher_op.train(
                 state.weights, state.adam_m, state.adam_v, images, labels, int(steps[0]),
                 shape=self.shape, num_steps=num_steps, learning_rate=self.learning_rate,
@@ -314,10 +321,7 @@ class FastTeacherEnsemble:
         if not self.can_train_in_place(state):
             raise ValueError("this state cannot be trained in place (fused path, writable "
                              "float32 numpy arrays and one step count needed)")
-        images = np.concatenate([np.asarray(real, np.float32), np.asarray(fake, np.float32)],
-                                axis=1)
-        labels = np.concatenate([np.argmax(np.asarray(real_labels), axis=-1),
-                                 np.argmax(np.asarray(fake_labels), axis=-1)], axis=1)
+        images, labels = _merged_batch(real, real_labels, fake, fake_labels)
         return teacher_op.train_in_place(
             state.weights, state.adam_m, state.adam_v, images, labels,
             int(np.asarray(state.steps).flat[0]), shape=self.shape, num_steps=num_steps,
