@@ -403,6 +403,37 @@ def _warnings_for(synthetic: data.LabeledImages) -> list[str]:
     return found
 
 
+def authors_key(protocol: authors_protocol.AuthorsProtocol) -> str:
+    """The record's protocol name for the authors' script read with ``--range R``."""
+    return f"authors_range{protocol.range}"
+
+
+def run_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImages,
+                         protocol: authors_protocol.AuthorsProtocol, *, seed: int,
+                         state_path: str | os.PathLike | None = None,
+                         log: Callable[[str], None] = print) -> dict:
+    """The authors' protocol on the samples in their given order (their script reads the
+    first pickles); the record's protocol entry. ``state_path``: resume file (see
+    :func:`dclens.authors_protocol.train_authors_protocol`)."""
+    log(f"authors protocol: {protocol.epochs} epochs of SGD over the first "
+        f"{protocol.real_rows} samples in a {protocol.rows}-row zero array")
+    result = authors_protocol.train_authors_protocol(synthetic, test, protocol, seed=seed,
+                                                     state_path=state_path, log=log)
+    entry = {key: result[key] for key in ("accuracy", "epoch", "settings", "authors_settings",
+                                          "path", "seconds", "finished", "seed",
+                                          "description")}
+    entry["curve"] = result["curves"]
+    log(f"authors protocol (range {protocol.range}): {result['accuracy']:.4f} (epoch "
+        f"{result['epoch']}, {result['seconds']:.0f} s)")
+    return entry
+
+
+def authors_entries(protocols: dict) -> list[dict]:
+    """The record's authors-protocol entries, by range."""
+    return sorted((p for key, p in protocols.items() if key.startswith("authors")),
+                  key=lambda p: p["settings"]["range"])
+
+
 def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
              settings: EvalSettings = EvalSettings(), *, data_dir: str | None = None,
              cache_dir: str | None = None, input_kind: str = "arrays",
@@ -483,17 +514,8 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         f"{protocols['sen']['accuracy']:.4f} (epoch {protocols['sen']['epoch']})")
 
     if settings.authors is not None:
-        log(f"authors protocol: {settings.authors.epochs} epochs of SGD over the first "
-            f"{settings.authors.real_rows} samples in a {settings.authors.rows}-row zero array")
-        authors = authors_protocol.train_authors_protocol(
+        protocols[authors_key(settings.authors)] = run_authors_protocol(
             as_given, test, settings.authors, seed=seeds["init"], log=log)
-        protocols["authors"] = {key: authors[key] for key in
-                                ("accuracy", "epoch", "settings", "authors_settings", "path",
-                                 "seconds")}
-        protocols["authors"]["description"] = authors["description"]
-        protocols["authors"]["curve"] = authors["curves"]
-        log(f"authors protocol: {authors['accuracy']:.4f} (epoch {authors['epoch']}, "
-            f"{authors['seconds']:.0f} s)")
 
     quality_result = None
     if settings.quality:
@@ -612,16 +634,21 @@ def plot_curves(record: dict, path: str | os.PathLike, *, title: str = "") -> No
                  label=f"val protocol: {val['accuracy']:.4f} (epoch {val['epoch']})")
     axes.axvline(sen["epoch"], color="tab:red", linestyle=":",
                  label=f"sen protocol: {sen['accuracy']:.4f} (epoch {sen['epoch']})")
-    if "authors" in record["protocols"]:
-        authors = record["protocols"]["authors"]
+    longest = max(epochs)
+    for authors, color in zip(authors_entries(record["protocols"]),
+                              ("tab:green", "tab:purple", "tab:brown", "tab:olive")):
         axes.plot(authors["curve"]["epoch"], authors["curve"]["test_accuracy"],
-                  color="tab:green", linewidth=0.8,
+                  color=color, linewidth=0.8,
                   label=f"real test (authors protocol, range "
                         f"{authors['settings']['range']}): best {authors['accuracy']:.4f} "
                         f"(epoch {authors['epoch']})")
+        longest = max(longest, max(authors["curve"]["epoch"]))
     axes.set_xlabel("epoch")
     axes.set_ylabel("accuracy")
-    axes.xaxis.get_major_locator().set_params(integer=True)
+    if longest > 100:
+        axes.set_xscale("log")        # tens of epochs beside the authors' 600
+    else:
+        axes.xaxis.get_major_locator().set_params(integer=True)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="best")
     axes.set_title(title or f"{record['dataset']}: classifier trained on "
@@ -649,9 +676,8 @@ def summary_line(record: dict) -> str:
     p = record["protocols"]
     text = (f"{record['dataset']}: val {p['val']['accuracy']:.4f} (headline) | "
             f"sen {p['sen']['accuracy']:.4f}")
-    if "authors" in p:
-        text += (f" | authors (range {p['authors']['settings']['range']}) "
-                 f"{p['authors']['accuracy']:.4f}")
+    for authors in authors_entries(p):
+        text += f" | authors (range {authors['settings']['range']}) {authors['accuracy']:.4f}"
     text += f" | {record['input']['samples']} samples"
     if record.get("quality"):
         q = record["quality"]

@@ -432,7 +432,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         "accuracy": {
             "val": record["protocols"]["val"]["accuracy"],
             "sen": record["protocols"]["sen"]["accuracy"],
-            "authors": record["protocols"].get("authors", {}).get("accuracy"),
+            "authors": authors_accuracies(record),
             "paper": options.paper_accuracy, "paper_source": PAPER_SOURCE,
             "independent": (dict(zip(("accuracy", "source"),
                                      INDEPENDENT[(options.dataset, options.eps)]))
@@ -455,6 +455,65 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
     return report
 
 
+def authors_accuracies(record: dict) -> dict[str, float] | None:
+    """{range: best test accuracy} of the evaluation's authors-protocol entries."""
+    entries = evaluate.authors_entries(record["protocols"])
+    return {str(e["settings"]["range"]): e["accuracy"] for e in entries} or None
+
+
+def _write_report(report: dict, out_dir: str) -> None:
+    export.write_json(os.path.join(out_dir, "report.json"), report)
+    evaluate.plot_curves(report["evaluation"], os.path.join(out_dir, "evaluation.png"),
+                         title=f"{report['name']}: classifier on "
+                               f"{report['evaluation']['input']['samples']} samples")
+    export.atomic_write(os.path.join(out_dir, "report.md"),
+                        lambda s: s.write(render_markdown(report)), mode="w")
+
+
+def add_authors_protocol(out_dir: str, protocol, *, run_dir: str | None = None,
+                         command: str = "", log: Callable[[str], None] = print) -> dict:
+    """Runs the authors' evaluation script's protocol (``protocol``, an
+    :class:`dclens.authors_protocol.AuthorsProtocol`) on a reported run's samples and adds
+    it to the report in ``out_dir``; its ``val``/``sen`` rows are kept as they are.
+
+    Resumable: the loop's state is saved in the run directory
+    (``authors-range<R>.npz``), so an interrupted call picks up where it stopped, and a
+    finished one returns at once. The classifier seed is the report's ``init`` seed, as
+    when :func:`dclens.evaluate.evaluate` runs the protocol itself.
+    """
+    path = os.path.join(out_dir, "report.json")
+    if not os.path.exists(path):
+        raise ReproduceError(f"{path} not found; reproduce the row first (the authors' "
+                             f"protocol is added to an existing report)")
+    report = _read_json(path)
+    run_dir = run_dir or report["run_dir"]
+    samples_path = os.path.join(run_dir, "samples.npz")
+    if not os.path.exists(samples_path):
+        raise ReproduceError(f"{samples_path} not found: the authors' protocol reads the run's "
+                             f"samples; pass the --run_dir the report was made from")
+    record = report["evaluation"]
+    dataset = report["config"]["train"]["dataset"]
+    data_dir = report["config"]["train"].get("data_dir")
+    synthetic, _ = evaluate.load_synthetic(samples_path, dataset)
+    if len(synthetic) != record["input"]["given_samples"]:
+        raise ReproduceError(f"{samples_path} holds {len(synthetic)} samples but the report "
+                             f"evaluated {record['input']['given_samples']}: not the same run")
+    test = evaluate.load_test(dataset, data_dir, limit=record["settings"].get("test_limit"))
+    state_path = os.path.join(run_dir, f"authors-range{protocol.range}.npz")
+    entry = evaluate.run_authors_protocol(synthetic, test, protocol,
+                                          seed=record["seeds"]["init"], state_path=state_path,
+                                          log=log)
+    entry["provenance"] = provenance(command)
+    # Re-read: another call may have added another range meanwhile (hours apart).
+    report = _read_json(path)
+    report["evaluation"]["protocols"][evaluate.authors_key(protocol)] = entry
+    report["accuracy"]["authors"] = authors_accuracies(report["evaluation"])
+    _write_report(report, out_dir)
+    log(f"report: {os.path.join(out_dir, 'report.md')} (authors protocol, range "
+        f"{protocol.range}: {entry['accuracy']:.4f})")
+    return report
+
+
 def rerender(out_dir: str, *, note: str | None = None,
              log: Callable[[str], None] = print) -> dict:
     """Rewrites report.md and evaluation.png from an existing report.json (no training,
@@ -472,12 +531,7 @@ def rerender(out_dir: str, *, note: str | None = None,
     report["paper_config"] = not report["deviations"]
     report["scale"] = scale_facts(config, options, report["privacy"].get("steps"),
                                   report["seconds"].get("train"))
-    export.write_json(path, report)
-    evaluate.plot_curves(report["evaluation"], os.path.join(out_dir, "evaluation.png"),
-                         title=f"{report['name']}: classifier on "
-                               f"{report['evaluation']['input']['samples']} samples")
-    export.atomic_write(os.path.join(out_dir, "report.md"),
-                        lambda s: s.write(render_markdown(report)), mode="w")
+    _write_report(report, out_dir)
     log(f"rewrote {os.path.join(out_dir, 'report.md')} from {path}")
     return report
 
@@ -548,6 +602,16 @@ def render_markdown(report: dict) -> str:
         f"| `sen` (authors': best test accuracy over epochs) | {_fmt(acc['sen'])} | "
         f"{_fmt(acc['paper'])} |",
     ]
+    for authors in evaluate.authors_entries(ev["protocols"]):
+        settings = authors["settings"]
+        done = "" if authors.get("finished", True) else (
+            f"; unfinished: {len(authors['curve']['epoch'])} of {settings['epochs']} epochs")
+        lines.append(
+            f"| `authors`, range {settings['range']} (their script: SGD lr "
+            f"{settings['learning_rate']:g}, {settings['epochs']} epochs on the first "
+            f"{settings['real_rows']} samples in a {settings['rows']}-row zero array; best "
+            f"test accuracy, epoch {authors['epoch']}; {authors['seconds'] / 60:.0f} min{done}) "
+            f"| {_fmt(authors['accuracy'])} | -- |")
     chance = 1.0 / len(ev["input"]["class_counts"])
     lines.append(f"| chance (1 / classes) | {_fmt(chance)} | -- |")
     if acc.get("independent"):

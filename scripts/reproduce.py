@@ -15,6 +15,7 @@ other deviation) is marked "NOT the paper config" in the report, with every devi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import pathlib
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--note", help="free text for the report (e.g. why the run is scaled down)")
     add("--rerender", action="store_true", help="only rewrite report.md and evaluation.png "
         "from the report.json in --out (no training, no evaluation)")
+    add("--add_authors", type=int, metavar="RANGE", help="run the authors' evaluation "
+        "script's protocol with --range RANGE on the finished, reported run and add it to "
+        "the report in --out (val/sen kept; no training; resumable: rerun the same command "
+        "after an interruption)")
     add("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     add_eval_arguments(parser)
     return parser
@@ -100,12 +105,27 @@ def main(argv: list[str] | None = None) -> int:
             num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
             data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
             aggregation=args.aggregation, thresh=args.thresh, topk=args.topk)
-        settings = settings_from_args(args, args.dataset)
+        if args.add_authors is not None and (args.protocol == "authors"
+                                             or args.authors_range != 1):
+            raise reproduce.ReproduceError("--add_authors RANGE runs the authors' protocol on "
+                                           "its own; drop --protocol authors / --range")
+        settings = None if args.add_authors is not None else settings_from_args(args,
+                                                                                 args.dataset)
     except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
             config.ConfigError) as error:
         parser.error(str(error))
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
+        if args.add_authors is not None:
+            from dclens import authors_protocol
+
+            protocol = authors_protocol.AuthorsProtocol(range=args.add_authors)
+            if args.authors_epochs is not None:
+                protocol = dataclasses.replace(protocol, epochs=args.authors_epochs)
+            reproduce.add_authors_protocol(
+                args.out or os.path.join("results", options.default_name()), protocol,
+                run_dir=args.run_dir, command=command, log=log)
+            return 0
         if args.rerender:
             reproduce.rerender(args.out or os.path.join("results", options.default_name()),
                                note=args.note, log=log)

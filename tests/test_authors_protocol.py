@@ -77,8 +77,8 @@ def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
     settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
                                      quality=False, authors=SMALL)
     record = evaluate.evaluate(synthetic, test, settings, log=lambda line: None)
-    assert set(record["protocols"]) == {"val", "sen", "authors"}
-    authors = record["protocols"]["authors"]
+    assert set(record["protocols"]) == {"val", "sen", "authors_range1"}
+    authors = record["protocols"]["authors_range1"]
     assert authors["accuracy"] == max(authors["curve"]["test_accuracy"])
     assert authors["settings"]["range"] == 1 and not authors["authors_settings"]
     assert record["headline"] == "val"
@@ -105,3 +105,37 @@ def test_cli_flags_build_the_authors_protocol():
     assert cli.settings_from_args(parse(["x"]), "fashion_mnist").authors is None
     with pytest.raises(ValueError, match="need --protocol authors"):
         cli.settings_from_args(parse(["x", "--range", "2"]), "fashion_mnist")
+
+
+def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
+    """Two epochs, stop, resume for the rest: the same weights and curves as one
+    uninterrupted run (bit for bit: same graph, same shuffles, same masks); a finished
+    state returns its record without training; other settings are refused by name."""
+    synthetic, test = _labeled(100, 0), _labeled(40, 1)
+    state = tmp_path / "authors.npz"
+    whole = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                    return_weights=True)
+    part = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                   state_path=state, stop_after_epochs=2)
+    assert not part["finished"] and part["curves"]["epoch"] == [1, 2]
+    rest = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                   state_path=state, return_weights=True)
+    assert rest["finished"] and rest["curves"]["epoch"] == [1, 2, 3]
+    for a, b in zip(whole["weights"], rest["weights"]):
+        np.testing.assert_array_equal(a, b)
+    assert rest["curves"]["test_accuracy"] == whole["curves"]["test_accuracy"]
+    assert rest["curves"]["loss"] == whole["curves"]["loss"]
+    lines = []
+    again = authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=3,
+                                                    state_path=state, return_weights=True,
+                                                    log=lines.append)
+    assert lines == [f"authors protocol: resumed after epoch 3 from {state}"]   # no epoch ran
+    assert again["curves"] == rest["curves"]
+    for a, b in zip(again["weights"], rest["weights"]):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="differs in seed"):
+        authors_protocol.train_authors_protocol(synthetic, test, SMALL, seed=4,
+                                                state_path=state)
+    other = _labeled(100, 5)
+    with pytest.raises(ValueError, match="differs in samples"):
+        authors_protocol.train_authors_protocol(other, test, SMALL, seed=3, state_path=state)

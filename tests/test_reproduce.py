@@ -207,3 +207,42 @@ def test_analysis_rows_change_only_what_they_name_and_say_so():
     assert same.default_name() == "fashion_mnist-eps1"       # the paper's values: no change
     with pytest.raises(reproduce.ReproduceError, match="unknown aggregation 'nope'"):
         reproduce.ReproduceOptions(aggregation="nope")
+
+
+def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):
+    """--add_authors runs only the authors' protocol on the reported run's samples, keeps
+    val/sen, resumes from its state file, and refuses what cannot be read."""
+    import shutil
+
+    from dclens import authors_protocol
+
+    root, _ = tiny_report
+    out, run = tmp_path / "report", tmp_path / "run"
+    shutil.copytree(root / "report", out)
+    run.mkdir()
+    shutil.copyfile(root / "run" / "samples.npz", run / "samples.npz")
+    before = json.loads((out / "report.json").read_text())
+    small = authors_protocol.AuthorsProtocol(range=2, rows_per_pickle=25, rows=120,
+                                             batch_size=16, epochs=2)
+    report = reproduce.add_authors_protocol(str(out), small, run_dir=str(run),
+                                            log=lambda line: None)
+    entry = report["evaluation"]["protocols"]["authors_range2"]
+    assert entry["finished"] and entry["curve"]["epoch"] == [1, 2]
+    assert report["accuracy"]["authors"] == {"2": entry["accuracy"]}
+    assert entry["accuracy"] == max(entry["curve"]["test_accuracy"])
+    for kept in ("val", "sen"):
+        assert report["accuracy"][kept] == before["accuracy"][kept]
+    assert (run / "authors-range2.npz").exists()
+    assert json.loads((out / "report.json").read_text()) == report
+    markdown = (out / "report.md").read_text()
+    assert "| `authors`, range 2 (their script: SGD lr 0.002, 2 epochs on the first 50" in markdown
+    # The CLI: the real protocol reads 10,000 samples per pickle; 60 are not enough.
+    code = reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
+                               "--run_dir", str(run), "--add_authors", "1", "--quiet"])
+    assert code == 2 and "reads 10000 samples but only 60" in capsys.readouterr().err
+    with pytest.raises(reproduce.ReproduceError, match="samples.npz not found"):
+        reproduce.add_authors_protocol(str(out), small, run_dir=str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit):
+        reproduce_cli.main(["fashion_mnist", "--eps", "1", "--add_authors", "1",
+                            "--protocol", "authors"])
+    assert "drop --protocol authors" in capsys.readouterr().err
