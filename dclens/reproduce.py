@@ -286,6 +286,24 @@ def _git(*args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+#: How this code initialises the generator (one independent seed per layer since 7eadf2b;
+#: before, one seeded initializer was reused across layers): a fact of the training run.
+GENERATOR_INIT = "independent seed per layer"
+
+
+def _generator_init(out_dir: str, *, trained: bool) -> str:
+    """The generator initialisation of the reported run: this code's when it trained the
+    run, else what the report it replaces says (``--skip_train`` evaluates an older run)."""
+    if trained:
+        return GENERATOR_INIT
+    previous = os.path.join(out_dir, "report.json")
+    if os.path.exists(previous):
+        known = _read_json(previous).get("generator_init")
+        if known:
+            return known
+    return "unknown (evaluated with --skip_train; not recorded at training)"
+
+
 def provenance(command: str) -> dict:
     """Command line, git commit (+ whether tracked files had local changes), machine.
 
@@ -297,10 +315,15 @@ def provenance(command: str) -> dict:
     import keras
     import tensorflow as tf
 
+    from dclens import teacher_conv
+
     return {"command": command, "commit": _git("rev-parse", "HEAD"),
             "uncommitted_changes": None if status is None else bool(status),
             "machine": {"platform": platform.platform(), "processor": platform.processor()
                         or platform.machine(), "cpu_count": os.cpu_count(),
+                        "cpu": teacher_conv.cpu_model_name(),
+                        "cpu_vector_extensions": teacher_conv.cpu_vector_extensions(),
+                        "onednn": teacher_conv.onednn_enabled(),
                         "python": platform.python_version(), "tensorflow": tf.__version__,
                         "keras": keras.__version__}}
 
@@ -409,6 +432,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
     report = {
         "name": name,
         "note": note,
+        "generator_init": _generator_init(out_dir, trained=not skip_train),
         "scale": scale_facts(config, options, privacy.get("steps"), train_seconds),
         "dataset": options.dataset,
         "eps": options.eps,

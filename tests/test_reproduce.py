@@ -56,6 +56,8 @@ def test_reproduce_writes_a_report_that_says_it_is_scaled(tiny_report):
     assert report["provenance"]["command"].startswith("python scripts/reproduce.py "
                                                       "fashion_mnist --eps 1")
     assert report["provenance"]["machine"]["cpu_count"] >= 1
+    assert report["provenance"]["machine"]["cpu"]           # the CPU that ran it, by name
+    assert report["generator_init"] == reproduce.GENERATOR_INIT
     assert report["real_reference"]["samples"] == 120
     assert report["quality"]["fid"] >= 0
     markdown = (out / "report.md").read_text()
@@ -77,6 +79,8 @@ def test_skip_train_evaluates_again_and_refuses_an_existing_run(tiny_report, cap
     report = json.loads((out2 / "report.json").read_text())
     assert report["seconds"]["train"] is None
     assert report["real_reference"] is None and report["quality"] is None
+    # A new report of an old run cannot know how that run initialised its generator.
+    assert report["generator_init"].startswith("unknown")
 
 
 def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_path):

@@ -1,0 +1,226 @@
+"""Table 1 across independent runs: every protocol's accuracy as mean and standard deviation.
+
+A Table 1 row (dataset, epsilon) is reproduced several times at the paper config, each run
+with its own OS-entropy noise and generator initialisation (``scripts/reproduce.py ...
+--run_dir runs/reproduce/<name>-run<N> --out results/<name>-run<N>``). This module reads
+their ``report.json`` files, keeps those at the paper config, groups them by row and
+summarises each protocol over the runs that finished it:
+
+* ``val`` (the headline: classifier epoch chosen on held-out synthetic data),
+* ``sen`` (best real-test accuracy over the classifier's epochs: test-set selection),
+* ``authors`` with ``--range 1`` and ``--range 10`` (the authors' evaluation script:
+  600 epochs of SGD, best real-test accuracy).
+
+Mean and *sample* standard deviation (``ddof = 1``; none for a single run) per protocol;
+every run's own values, commit, CPU and generator initialisation are listed too, so a
+reader can see which runs a mean is over. The markdown goes between two marker lines of
+a hand-written file (the explanation around the table stays as written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from typing import Iterable
+
+from dclens import export
+
+BEGIN_MARK = "<!-- table1:begin (written by scripts/table1.py; edit outside the markers) -->"
+END_MARK = "<!-- table1:end -->"
+
+#: (protocol key, column heading) in table order.
+PROTOCOLS = (("val", "`val` (headline)"), ("sen", "`sen`"),
+             ("authors_range1", "`authors`, range 1"),
+             ("authors_range10", "`authors`, range 10"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """One paper-config run's report, reduced to what the table shows."""
+
+    name: str
+    dataset: str
+    eps: int
+    paper: float | None
+    accuracy: dict[str, float | None]         # protocol key -> accuracy (None: not run)
+    unfinished: dict[str, str]                # protocol key -> "N of M epochs"
+    epsilon: float | None
+    steps: int | None
+    commit: str
+    cpu: str
+    generator_init: str
+    curves: dict[str, dict]                   # protocol key -> {"epoch": [...], "test": [...]}
+
+
+def read_report(path: str) -> RunFacts:
+    """The facts of one ``report.json``."""
+    with open(path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    record = report["evaluation"]
+    protocols = record["protocols"]
+    accuracy = {"val": protocols["val"]["accuracy"], "sen": protocols["sen"]["accuracy"]}
+    unfinished, curves = {}, {}
+    test_curve = record["curves"]
+    curves["val"] = {"epoch": test_curve["epoch"], "test": test_curve["test_accuracy"],
+                     "chosen": protocols["val"]["epoch"]}
+    for key, entry in protocols.items():
+        if not key.startswith("authors"):
+            continue
+        done = len(entry["curve"]["epoch"])
+        if entry.get("finished", True):
+            accuracy[key] = entry["accuracy"]
+        else:
+            unfinished[key] = f"{done} of {entry['settings']['epochs']} epochs"
+        curves[key] = {"epoch": entry["curve"]["epoch"], "test": entry["curve"]["test_accuracy"],
+                       "chosen": entry["epoch"]}
+    machine = report["provenance"].get("machine", {})
+    return RunFacts(
+        name=report["name"], dataset=report["dataset"], eps=report["eps"],
+        paper=report["accuracy"].get("paper"), accuracy=accuracy, unfinished=unfinished,
+        epsilon=(report["privacy"].get("epsilon") or {}).get("epsilon"),
+        steps=report["privacy"].get("steps"),
+        commit=(report["provenance"].get("commit") or "unknown")[:7],
+        cpu=machine.get("cpu") or "not recorded",
+        generator_init=report.get("generator_init") or "not recorded",
+        curves=curves)
+
+
+def collect(results_dir: str) -> list[RunFacts]:
+    """Every paper-config report under ``results_dir`` (one folder per run), by name."""
+    runs = []
+    paths = glob.glob(os.path.join(results_dir, "*", "report.json"))
+    for path in sorted(paths, key=lambda p: os.path.basename(os.path.dirname(p))):
+        with open(path, encoding="utf-8") as handle:
+            if not json.load(handle).get("paper_config"):
+                continue
+        runs.append(read_report(path))
+    return runs
+
+
+def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:
+    """(n, mean, sample standard deviation with ddof = 1, None for n < 2)."""
+    values = [float(v) for v in values]
+    if not values:
+        return 0, None, None
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return len(values), mean, None
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return len(values), mean, math.sqrt(variance)
+
+
+def summarise(runs: list[RunFacts]) -> list[dict]:
+    """One dictionary per Table 1 row: its runs and each protocol's (n, mean, sd)."""
+    rows: dict[tuple[str, int], list[RunFacts]] = {}
+    for run in runs:
+        rows.setdefault((run.dataset, run.eps), []).append(run)
+    out = []
+    for (dataset, eps), members in sorted(rows.items()):
+        stats = {}
+        for key, _ in PROTOCOLS:
+            n, mean, sd = mean_sd(r.accuracy[key] for r in members
+                                  if r.accuracy.get(key) is not None)
+            stats[key] = {"n": n, "mean": mean, "sd": sd}
+        out.append({"dataset": dataset, "eps": eps, "paper": members[0].paper,
+                    "runs": [r.name for r in members], "protocols": stats,
+                    "epsilon": mean_sd(r.epsilon for r in members if r.epsilon is not None)[1]})
+    return out
+
+
+def _cell(stat: dict) -> str:
+    if stat["n"] == 0:
+        return "not run"
+    if stat["sd"] is None:
+        return f"{stat['mean']:.4f} (1 run)"
+    return f"{stat['mean']:.4f} +- {stat['sd']:.4f} ({stat['n']} runs)"
+
+
+def _value(run: RunFacts, key: str) -> str:
+    if key in run.unfinished:
+        return f"unfinished ({run.unfinished[key]})"
+    value = run.accuracy.get(key)
+    return "--" if value is None else f"{value:.4f}"
+
+
+def render(runs: list[RunFacts], figure: str | None = None) -> str:
+    """The markdown between the markers: the summary table, then one line per run."""
+    lines = ["| row | paper (Table 1) | runs | " + " | ".join(h for _, h in PROTOCOLS) + " |",
+             "|---" * (3 + len(PROTOCOLS)) + "|"]
+    for row in summarise(runs):
+        lines.append(f"| {row['dataset']}, eps = {row['eps']} | {row['paper']:.4f} | "
+                     f"{len(row['runs'])} | "
+                     + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " |")
+    lines += ["", "Mean +- sample standard deviation (ddof = 1) over the runs that finished the "
+              "protocol; every run at the paper config with its own OS-entropy noise.", "",
+              "| run (`results/...`) | epsilon (steps) | " + " | ".join(h for _, h in PROTOCOLS)
+              + " | generator init | commit | CPU |",
+              "|---" * (5 + len(PROTOCOLS)) + "|"]
+    for run in runs:
+        eps = "--" if run.epsilon is None else f"{run.epsilon:.4f} ({run.steps})"
+        lines.append(f"| `{run.name}` | {eps} | "
+                     + " | ".join(_value(run, k) for k, _ in PROTOCOLS)
+                     + f" | {run.generator_init} | `{run.commit}` | {run.cpu} |")
+    if figure:
+        lines += ["", f"![real-test accuracy per classifier epoch, every protocol and run]"
+                      f"({figure})"]
+    return "\n".join(lines)
+
+
+def plot(runs: list[RunFacts], path: str) -> None:
+    """Real-test accuracy per classifier epoch: one panel per row, one colour per protocol,
+    one line per run, the protocol's chosen epoch marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    rows = sorted({(r.dataset, r.eps) for r in runs})
+    figure = pyplot.figure(figsize=(6.4, 3.6 * max(1, len(rows))), dpi=100)
+    colours = {"val": "tab:blue", "authors_range1": "tab:green",
+               "authors_range10": "tab:purple"}
+    labels = {"val": "val/sen classifier (Adam, 20 epochs)",
+              "authors_range1": "authors, range 1", "authors_range10": "authors, range 10"}
+    for i, (dataset, eps) in enumerate(rows):
+        axes = figure.add_subplot(len(rows), 1, i + 1)
+        shown = set()
+        for run in (r for r in runs if (r.dataset, r.eps) == (dataset, eps)):
+            for key, curve in run.curves.items():
+                colour = colours.get(key, "tab:gray")
+                axes.plot(curve["epoch"], curve["test"], color=colour, linewidth=0.8,
+                          alpha=0.8, label=None if key in shown else labels.get(key, key))
+                chosen = curve["chosen"] - 1
+                axes.plot([curve["epoch"][chosen]], [curve["test"][chosen]], marker="o",
+                          color=colour, markersize=4)
+                shown.add(key)
+        axes.set_xscale("log")
+        axes.set_xlabel("classifier epoch (log scale)")
+        axes.set_ylabel("real test accuracy")
+        axes.set_title(f"{dataset}, eps = {eps}: every run (dots: the protocol's chosen "
+                       "epoch)", fontsize=9)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    export.atomic_write(path, lambda s: figure.savefig(s, format="png"))
+    pyplot.close(figure)
+
+
+def write_section(markdown_path: str, body: str) -> None:
+    """Replaces the text between the markers of ``markdown_path`` (atomically); a file
+    without the markers gets them, with ``body``, at its end."""
+    text = ""
+    if os.path.exists(markdown_path):
+        with open(markdown_path, encoding="utf-8") as handle:
+            text = handle.read()
+    section = f"{BEGIN_MARK}\n{body}\n{END_MARK}"
+    if BEGIN_MARK in text and END_MARK in text:
+        head, rest = text.split(BEGIN_MARK, 1)
+        tail = rest.split(END_MARK, 1)[1]
+        text = head + section + tail
+    elif BEGIN_MARK in text or END_MARK in text:
+        raise ValueError(f"{markdown_path} has only one of the table1 markers; restore "
+                         f"both ({BEGIN_MARK!r} and {END_MARK!r}) or remove the one left")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + section + "\n"
+    export.atomic_write(markdown_path, lambda s: s.write(text), mode="w")

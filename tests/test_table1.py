@@ -1,0 +1,118 @@
+"""Table 1 across runs (dclens/table1.py, scripts/table1.py): which reports count, the
+mean and sample standard deviation per protocol, the markdown section kept in place."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+
+import pytest
+
+from dclens import table1
+
+_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "table1.py"
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("dclens_cli_table1", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(name, eps, val, sen, *, authors=None, paper_config=True):
+    """A report.json as reproduce.py writes it, reduced to what table1 reads."""
+    protocols = {"val": {"accuracy": val, "epoch": 3}, "sen": {"accuracy": sen, "epoch": 1}}
+    for rng, (accuracy, done, total) in (authors or {}).items():
+        curve = [accuracy * (e + 1) / done for e in range(done)]
+        protocols[f"authors_range{rng}"] = {
+            "accuracy": max(curve), "epoch": done, "finished": done == total,
+            "settings": {"range": rng, "epochs": total},
+            "curve": {"epoch": list(range(1, done + 1)), "test_accuracy": curve}}
+    return {"name": name, "dataset": "fashion_mnist", "eps": eps,
+            "paper_config": paper_config, "generator_init": "independent seed per layer",
+            "accuracy": {"paper": 0.6478 if eps == 1 else 0.7061},
+            "privacy": {"epsilon": {"epsilon": 0.99}, "steps": 86},
+            "provenance": {"commit": "abcdef0123", "machine": {"cpu": "Test CPU"}},
+            "evaluation": {"protocols": protocols,
+                           "curves": {"epoch": [1, 2, 3], "test_accuracy": [sen, 0.2, val]}}}
+
+
+@pytest.fixture
+def results(tmp_path):
+    reports = [
+        _report("fmnist-eps1", 1, 0.3, 0.45, authors={1: (0.6, 4, 4)}),
+        _report("fmnist-eps1-run2", 1, 0.4, 0.55, authors={1: (0.5, 4, 4),
+                                                           10: (0.7, 2, 4)}),
+        _report("fmnist-eps1-run3", 1, 0.5, 0.65),
+        _report("fmnist-eps10", 10, 0.37, 0.59),
+        _report("fmnist-eps1-t50", 1, 0.9, 0.9, paper_config=False),   # scaled: excluded
+    ]
+    for report in reports:
+        folder = tmp_path / report["name"]
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(report))
+    return tmp_path
+
+
+def test_mean_and_sample_sd_per_protocol_over_the_paper_config_runs(results):
+    runs = table1.collect(str(results))
+    assert [r.name for r in runs] == ["fmnist-eps1", "fmnist-eps1-run2", "fmnist-eps1-run3",
+                                      "fmnist-eps10"]
+    eps1, eps10 = table1.summarise(runs)
+    assert eps1["runs"] == ["fmnist-eps1", "fmnist-eps1-run2", "fmnist-eps1-run3"]
+    val = eps1["protocols"]["val"]
+    assert val["n"] == 3 and val["mean"] == pytest.approx(0.4, abs=1e-12)
+    assert val["sd"] == pytest.approx(0.1, abs=1e-12)            # ddof = 1, by hand
+    authors = eps1["protocols"]["authors_range1"]
+    assert authors["n"] == 2 and authors["mean"] == pytest.approx(0.55)
+    assert authors["sd"] == pytest.approx(math.sqrt(2 * 0.05 ** 2), abs=1e-12)
+    assert eps1["protocols"]["authors_range10"]["n"] == 0        # unfinished does not count
+    assert eps10["protocols"]["val"] == {"n": 1, "mean": 0.37, "sd": None}
+
+
+def test_markdown_lists_every_run_and_marks_unfinished_protocols(results):
+    text = table1.render(table1.collect(str(results)), figure="table1.png")
+    assert "| fashion_mnist, eps = 1 | 0.6478 | 3 | 0.4000 +- 0.1000 (3 runs) |" in text
+    assert "| fashion_mnist, eps = 10 | 0.7061 | 1 | 0.3700 (1 run) |" in text
+    assert "unfinished (2 of 4 epochs)" in text and "not run" in text
+    assert "fmnist-eps1-t50" not in text
+    assert "| independent seed per layer | `abcdef0` | Test CPU |" in text
+    for line in text.splitlines():
+        if line.startswith("|---"):
+            continue
+        if line.startswith("| row") or line.startswith("| run"):
+            columns = line.count("|")
+            separator = text.splitlines()[text.splitlines().index(line) + 1]
+            assert separator.count("|") == columns, line
+
+
+def test_section_is_replaced_between_the_markers_only(results, tmp_path):
+    markdown = tmp_path / "README.md"
+    markdown.write_text("# Results\n\nwritten by hand\n")
+    table1.write_section(str(markdown), "first")
+    table1.write_section(str(markdown), "second")
+    text = markdown.read_text()
+    assert text.startswith("# Results\n\nwritten by hand\n")
+    assert "second" in text and "first" not in text and text.count(table1.BEGIN_MARK) == 1
+    markdown.write_text(text + "\nafter the table\n")
+    table1.write_section(str(markdown), "third")
+    assert markdown.read_text().endswith("after the table\n")
+    markdown.write_text(table1.BEGIN_MARK + "\nno end")
+    with pytest.raises(ValueError, match="only one of the table1 markers"):
+        table1.write_section(str(markdown), "x")
+
+
+def test_cli_writes_the_section_and_figure_and_refuses_bad_folders(results, tmp_path, capsys):
+    cli = _cli()
+    assert cli.main(["--results", str(results)]) == 0
+    assert "0.4000 +- 0.1000" in (results / "README.md").read_text()
+    assert (results / "table1.png").stat().st_size > 0
+    assert cli.main(["--results", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["--results", str(empty)]) == 2
+    assert "no paper-config report.json" in capsys.readouterr().err
