@@ -19,7 +19,9 @@ fell on a checkpoint boundary (no entry after the checkpoint).
 
 Units: the ledger holds RDP of Gaussian mechanisms with the aggregation's noise multiplier
 (sigma / sensitivity; TopAgg: sigma / (2 sqrt(k))), one per query; epsilon is reported at
-the run's delta (see :mod:`dclens.accounting`).
+the run's delta (see :mod:`dclens.accounting`).  A private classifier's journal holds a
+:class:`dclens.sampled_ledger.SampledGaussianLedger` instead: one entry per subsampled
+step (its ``queries`` count steps), restored by the ledger's ``kind``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import os
 from typing import Any
 
-from dclens import accounting, export
+from dclens import accounting, export, sampled_ledger
 
 JOURNAL_VERSION = 1
 
@@ -58,7 +60,8 @@ class PrivacyJournal:
       ledger: the ledger the journal mirrors (spent into by the training loop).
     """
 
-    def __init__(self, path: str | os.PathLike, ledger: accounting.PrivacyLedger):
+    def __init__(self, path: str | os.PathLike,
+                 ledger: accounting.PrivacyLedger | sampled_ledger.SampledGaussianLedger):
         self.path = os.fspath(path)
         self.ledger = ledger
         self.entries: list[Spend] = []
@@ -104,7 +107,7 @@ class PrivacyJournal:
             raise JournalError(f"{path} is not a version-{JOURNAL_VERSION} dclens privacy "
                                f"journal (version {record.get('version') if isinstance(record, dict) else None!r})")
         try:
-            ledger = accounting.PrivacyLedger.from_state_dict(record["ledger"])
+            ledger = sampled_ledger.ledger_from_state_dict(record["ledger"])
             entries = [Spend(int(e["step"]), int(e["round"]), int(e["queries"]))
                        for e in record["entries"]]
             lost = list(record["lost"])
