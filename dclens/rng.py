@@ -28,6 +28,12 @@ class Stream(enum.IntEnum):
     STOCHASTIC_SIGN = 5
     DP_NOISE = 6
     SAMPLES = 7
+    # Private classifiers (dclens.dpsgd).
+    BATCH = 8
+    MODEL_INIT = 9
+    DATA_SPLIT = 10
+    ANCHOR_LABELS = 11
+    ANCHOR_BASIS = 12
 
 
 def entropy_seed() -> int:

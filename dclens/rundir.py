@@ -186,8 +186,13 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
                           "damaged: pass --restart to set it aside and start over") from error
 
 
-def plan_run(config: DataLensConfig, output_dir: str, *, restart: bool = False) -> RunPlan:
+def plan_run(config, output_dir: str, *, restart: bool = False,
+             differences_of=None) -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
+
+    ``config``: a :class:`DataLensConfig`, or any config with ``to_dict()`` together with
+    ``differences_of(saved_dict, config)`` listing the settings that forbid resuming
+    (default: :func:`resume_differences`, DataLens' rule).
 
     Raises:
       RunDirError: the path is a file or not writable; the folder holds something that is
@@ -208,7 +213,7 @@ def plan_run(config: DataLensConfig, output_dir: str, *, restart: bool = False) 
             f"--checkpoint_dir {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
-    differences = resume_differences(read_saved_config(paths), config)
+    differences = (differences_of or resume_differences)(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
             f"--checkpoint_dir {output_dir!r} holds a run with other settings, so it cannot "

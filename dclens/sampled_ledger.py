@@ -32,7 +32,9 @@ conversions of :mod:`dclens.accounting`.  ``queries`` counts steps.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 import math
 from typing import Any, Mapping, Sequence
 
@@ -66,6 +68,26 @@ class Sampling(enum.Enum):
         if self is Sampling.POISSON:
             return "add or remove one example"
         return "replace one unit (one shard of the sampled population)"
+
+
+class _ExcludedOrderFilter(logging.Filter):
+    """dp_accounting warns when its series for a fractional order does not converge and
+    drops that order; a minimum over fewer orders can only be larger (conservative), so
+    the warning, repeated for every evaluation, is noise to a user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_excluded_orders():
+    logger = logging.getLogger("absl")
+    flt = _ExcludedOrderFilter()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 def joint_noise_multiplier(event: dp_accounting.DpEvent) -> float:
@@ -201,7 +223,8 @@ class SampledGaussianLedger:
     def _report(self, runs) -> EpsilonReport:
         account = dp_accounting.rdp.RdpAccountant(orders=list(self._orders),
                                                   neighboring_relation=self._sampling.relation)
-        account.compose(self._event(runs))
+        with _quiet_excluded_orders():
+            account.compose(self._event(runs))
         if self._conversion is Conversion.DP_ACCOUNTING:
             epsilon, order = account.get_epsilon_and_optimal_order(self._delta)
         else:

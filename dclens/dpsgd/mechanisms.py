@@ -39,6 +39,14 @@ class Method(enum.Enum):
     #: gradient's coordinates with the largest |g|.  Dropping coordinates cannot raise
     #: the norm, so the sensitivity stays C (no sqrt(k) saving can be proven).
     TOPAGG_DIMENSION = "topagg_dimension"
+    #: Gradient Embedding Perturbation (:mod:`dclens.dpsgd.gep`): embedding and residual.
+    GEP = "gep"
+    #: B-GEP: the embedding alone (biased).
+    BGEP = "bgep"
+
+    @property
+    def is_gep(self) -> bool:
+        return self in (Method.GEP, Method.BGEP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +66,9 @@ class PrivateAggregation:
     topk: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.method, Method):
-            raise ValueError(f"method must be a Method, got {self.method!r}")
+        if not isinstance(self.method, Method) or self.method.is_gep:
+            raise ValueError(f"method must be a clipping Method (GEP has its own mechanism, "
+                             f"dclens.dpsgd.gep.Gep), got {self.method!r}")
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise ValueError(f"clip must be a finite number > 0, got {self.clip!r}")
         if not (math.isfinite(self.sigma) and self.sigma >= 0):

@@ -1,0 +1,139 @@
+"""The settings of a private classifier run (``scripts/dpsgd.py``), validated on creation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from dclens import data
+from dclens.accounting import Conversion
+from dclens.dpsgd.mechanisms import Method
+
+#: Settings a resumed run may change (they do not touch what the ledger means).
+CHANGEABLE_ON_RESUME = frozenset({"checkpoint_every", "eval_every"})
+
+
+class DpsgdConfigError(ValueError):
+    """A setting is out of range (the message names it and the fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DpsgdConfig:
+    """One private classifier run.
+
+    Privacy: every step Poisson-samples the private examples with rate q = batch_size / n
+    and releases the method's Gaussian mechanism(s) with noise multiplier ``sigma``
+    (calibrated to ``target_eps`` when that is given); epsilon is for adding or removing
+    one private example, at ``delta``. ``validation`` (and for GEP ``anchors``) training
+    images are held out of the private set first and used without privacy: the guarantee
+    covers the other n.
+    """
+
+    method: Method = Method.GM
+    dataset: str = "fashion_mnist"
+    data_dir: str | None = None
+    max_records: int | None = None       # train on the first N training records only
+    target_eps: float | None = 1.0       # calibrate sigma to spend this in ``epochs``
+    sigma: float | None = None           # or give sigma (then target_eps must be None)
+    delta: float = 1e-5
+    conversion: Conversion = Conversion.DP_ACCOUNTING
+    batch_size: int = 512                # expected (Poisson) batch size
+    epochs: float = 15.0                 # steps = round(epochs * n / batch_size)
+    learning_rate: float = 0.1
+    momentum: float = 0.0
+    clip: float = 1.0                    # C (GM, TopAgg)
+    topk: float = 0.8                    # NormTopK fraction (TopAgg variants)
+    clip_embedding: float = 5.0          # GEP S1
+    clip_residual: float = 2.0           # GEP S2
+    num_bases: int = 500                 # GEP: k in total (the paper's MNIST value)
+    num_groups: int = 3                  # GEP: contiguous parameter groups
+    anchors: int = 2000                  # GEP: held-out images with random labels
+    validation: int = 5000               # held-out images for choosing the epoch
+    activation: str = "relu"
+    seed: int | None = None              # fixes every draw, DP noise included (not private)
+    checkpoint_every: int = 200          # steps
+    eval_every: int = 0                  # steps between evaluations; 0: once per epoch
+
+    def __post_init__(self) -> None:
+        def fail(name: str, hint: str) -> None:
+            raise DpsgdConfigError(f"{name} = {getattr(self, name)!r}: {hint}")
+
+        if not isinstance(self.method, Method):
+            try:
+                object.__setattr__(self, "method", Method(self.method))
+            except ValueError:
+                fail("method", f"choose one of {[m.value for m in Method]}")
+        if not isinstance(self.conversion, Conversion):
+            try:
+                object.__setattr__(self, "conversion", Conversion(self.conversion))
+            except ValueError:
+                fail("conversion", f"choose one of {[c.value for c in Conversion]}")
+        if self.dataset not in ("mnist", "fashion_mnist"):
+            fail("dataset", "private classifiers run on mnist or fashion_mnist")
+        if (self.target_eps is None) == (self.sigma is None):
+            raise DpsgdConfigError(f"give exactly one of target_eps ({self.target_eps!r}) and "
+                                   f"sigma ({self.sigma!r}): the budget to calibrate sigma "
+                                   f"to, or sigma itself")
+        for name in ("target_eps", "sigma"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                fail(name, "must be a finite number > 0")
+        if not 0 < self.delta < 1:
+            fail("delta", "must be in (0, 1), e.g. 1e-5")
+        for name in ("batch_size", "num_bases", "num_groups", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(name, "must be an integer >= 1")
+        for name in ("anchors", "validation", "eval_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                fail(name, "must be an integer >= 0")
+        if self.max_records is not None and (not isinstance(self.max_records, int)
+                                             or self.max_records < 1):
+            fail("max_records", "must be None or an integer >= 1")
+        for name in ("epochs", "learning_rate", "clip", "clip_embedding", "clip_residual"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                fail(name, "must be a finite number > 0")
+        if not 0 <= self.momentum < 1:
+            fail("momentum", "must be in [0, 1)")
+        if not 0 < self.topk <= 1:
+            fail("topk", "is a fraction of the squared norm (or of the coordinates): (0, 1]")
+        if self.activation not in ("relu", "tanh"):
+            fail("activation", "choose relu or tanh")
+        if self.method.is_gep and self.anchors < 1:
+            fail("anchors", "GEP needs anchor images (held out, random labels): >= 1")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            fail("seed", "must be None or an integer >= 0")
+
+    @property
+    def held_out(self) -> int:
+        """Training images held out of the private set (validation, GEP anchors)."""
+        return self.validation + (self.anchors if self.method.is_gep else 0)
+
+    @property
+    def releases(self) -> int:
+        """Gaussian mechanisms released per step on the same sample (GEP: 2)."""
+        return 2 if self.method is Method.GEP else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["method"] = self.method.value
+        values["conversion"] = self.conversion.value
+        return values
+
+    def check_data(self, records: int) -> None:
+        """Refuses a split that leaves fewer private examples than one batch."""
+        private = records - self.held_out
+        if private < self.batch_size:
+            raise DpsgdConfigError(
+                f"{records} training records minus {self.held_out} held out leaves {private} "
+                f"private examples, fewer than batch_size = {self.batch_size}; lower "
+                f"--validation/--anchors/--batch_size or raise --max_records")
+
+
+def dataset_records(config: DpsgdConfig) -> data.LabeledImages:
+    """The training split the run reads (all of it, or the first ``max_records``)."""
+    return data.load_dataset(config.dataset, config.data_dir, split="train",
+                             limit=config.max_records)

@@ -1,0 +1,162 @@
+"""The private classifier loop (dclens/dpsgd/train.py, scripts/dpsgd.py) on tiny data:
+the split is disjoint, the ledger counts every step before its noise, a killed run resumes
+without under-counting, the budget holds, bad settings are refused by name."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from dclens import journal, sampled_ledger
+from dclens.dpsgd import train
+from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
+from dclens.rng import SeedTree
+
+_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "dpsgd.py"
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("dclens_cli_dpsgd", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _config(data_dir, **changes):
+    values = dict(data_dir=str(data_dir), target_eps=4.0, batch_size=20, epochs=2.0,
+                  validation=20, anchors=10, num_bases=8, checkpoint_every=3, seed=5)
+    values.update(changes)
+    return DpsgdConfig(**values)
+
+
+def test_split_is_disjoint_and_covers_every_record():
+    config = DpsgdConfig(method="gep", validation=7, anchors=5, batch_size=10)
+    ids = np.arange(40, dtype=np.float32)
+    images = np.broadcast_to(ids[:, None, None, None], (40, 28, 28, 1)).copy()
+    split = train.split_records(images, np.arange(40) % 10, config, SeedTree(1), 10)
+    parts = [split.private_images[:, 0, 0, 0], split.validation_images[:, 0, 0, 0],
+             split.anchor_images[:, 0, 0, 0]]
+    assert [len(p) for p in parts] == [28, 7, 5]
+    assert sorted(np.concatenate(parts).tolist()) == ids.tolist()     # disjoint, complete
+    with pytest.raises(DpsgdConfigError, match="leaves 8 private examples"):
+        DpsgdConfig(method="gep", validation=20, anchors=12, batch_size=10).check_data(40)
+
+
+@pytest.mark.parametrize("method", ["gm", "topagg", "gep"])
+def test_a_run_spends_every_step_within_the_budget(tiny_fmnist_dir, tmp_path, method):
+    config = _config(tiny_fmnist_dir, method=method)
+    report = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                            log=lambda line: None)
+    privacy = report["privacy"]
+    n = 120 - config.held_out
+    assert privacy["private_examples"] == n
+    assert privacy["steps"] == privacy["planned_steps"] == round(2.0 * n / 20)
+    assert privacy["lost_steps"] == 0
+    assert privacy["sampling_rate"] == pytest.approx(20 / n, rel=1e-15)
+    assert privacy["epsilon"]["epsilon"] <= 4.0
+    assert "add or remove one example" in privacy["adjacency"]
+    assert f"{config.held_out} held-out images are used without privacy" in privacy["unit"]
+    record = journal.PrivacyJournal.load(tmp_path / "run" / "ledger.json")
+    assert isinstance(record.ledger, sampled_ledger.SampledGaussianLedger)
+    assert record.queries == privacy["steps"] and len(record.entries) == privacy["steps"]
+    assert record.ledger.epsilon().epsilon == privacy["epsilon"]["epsilon"]
+    expected = sampled_ledger.SampledGaussianLedger(delta=1e-5)
+    expected.spend(_event(config, privacy["sigma"], privacy["sampling_rate"],
+                          privacy["steps"]))
+    assert expected.epsilon().epsilon == pytest.approx(privacy["epsilon"]["epsilon"],
+                                                       rel=1e-12)
+    accuracy = report["accuracy"]
+    chosen = [c for c in report["curves"] if c["step"] == accuracy["chosen_step"]][0]
+    assert chosen["validation"] == max(c["validation"] for c in report["curves"])
+    assert (tmp_path / "run" / "model.keras").stat().st_size > 0
+
+
+def _event(config, sigma, rate, steps):
+    import dp_accounting
+
+    gaussian = dp_accounting.GaussianDpEvent(sigma)
+    inner = dp_accounting.ComposedDpEvent([gaussian, gaussian]) if config.method.value == \
+        "gep" else gaussian
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(rate, inner),
+                                             steps)
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+def test_a_killed_run_resumes_and_counts_the_lost_steps(tiny_fmnist_dir, tmp_path):
+    """Killed after journaling step index 4 (the checkpoint holds 3 done steps): steps 3
+    and 4 were spent but their results lost; the resumed run redoes them with fresh noise
+    and its ledger holds two steps more than the uninterrupted run's."""
+    config = _config(tiny_fmnist_dir, sigma=1.5, target_eps=None)
+    whole = train.train_private_classifier(config, str(tmp_path / "whole"), progress=False,
+                                           log=lambda line: None)
+
+    def kill(point, step):
+        if point == "after_spend" and step == 4:
+            raise _Killed
+    with pytest.raises(_Killed):
+        train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                       log=lambda line: None, hook=kill)
+    lines = []
+    resumed = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                             log=lines.append)
+    assert any("resuming at step 3" in line and "2 of them lost" in line for line in lines)
+    steps = whole["privacy"]["steps"]
+    assert resumed["privacy"]["steps"] == steps + 2 and resumed["privacy"]["lost_steps"] == 2
+    assert resumed["privacy"]["epsilon"]["epsilon"] > whole["privacy"]["epsilon"]["epsilon"]
+    # The redone steps drew other noise (attempt 1), not a replay of the lost draws, so
+    # the final model differs from the uninterrupted run's (same seed, same batches).
+    import keras
+
+    weights = [keras.models.load_model(tmp_path / name / "model.keras").get_weights()
+               for name in ("whole", "run")]
+    assert any(np.max(np.abs(a - b)) > 1e-6 for a, b in zip(*weights))
+    # A finished run asked again changes nothing and spends nothing.
+    again = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                           log=lambda line: None)
+    assert again["privacy"]["steps"] == resumed["privacy"]["steps"]
+
+
+def test_a_resume_with_other_privacy_settings_is_refused(tiny_fmnist_dir, tmp_path):
+    from dclens import rundir
+
+    config = _config(tiny_fmnist_dir, epochs=0.5)
+    train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                   log=lambda line: None)
+    with pytest.raises(rundir.RunDirError, match="clip: saved 1.0, now 2.0"):
+        train.train_private_classifier(_config(tiny_fmnist_dir, epochs=0.5, clip=2.0),
+                                       str(tmp_path / "run"), progress=False,
+                                       log=lambda line: None)
+
+
+def test_settings_are_checked_by_name():
+    for changes, match in (({"method": "sgd"}, "method = 'sgd'"),
+                           ({"target_eps": 1.0, "sigma": 1.0}, "exactly one of"),
+                           ({"target_eps": None}, "exactly one of"),
+                           ({"topk": 1.5}, "topk = 1.5"),
+                           ({"momentum": 1.0}, "momentum"),
+                           ({"batch_size": 0}, "batch_size = 0"),
+                           ({"method": "gep", "anchors": 0}, "anchors = 0")):
+        with pytest.raises(DpsgdConfigError, match=match):
+            DpsgdConfig(**changes)
+
+
+def test_cli_runs_and_reports(tiny_fmnist_dir, tmp_path, capsys):
+    cli = _cli()
+    code = cli.main(["--method", "topagg", "--data_dir", str(tiny_fmnist_dir),
+                     "--target_eps", "3", "--batch_size", "20", "--epochs", "1",
+                     "--validation", "20", "--run_dir", str(tmp_path / "run"), "--quiet"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "topagg: test" in out and "epsilon" in out
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["config"]["topk"] == 0.8 and report["privacy"]["epsilon"]["epsilon"] <= 3
+    with pytest.raises(SystemExit):
+        cli.main(["--run_dir", str(tmp_path / "x"), "--topk", "2"])
+    assert "topk = 2.0" in capsys.readouterr().err
