@@ -77,13 +77,19 @@ def read_report(path: str) -> RunFacts:
         curves[key] = {"epoch": entry["curve"]["epoch"], "test": entry["curve"]["test_accuracy"],
                        "chosen": entry["epoch"]}
     machine = report["provenance"].get("machine", {})
+    cpu = machine.get("cpu") or "not recorded"
+    extensions = machine.get("cpu_vector_extensions") or []
+    widest = [label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"),
+                                        ("avx2", "AVX2")) if flag in extensions]
+    if widest:
+        cpu += f" ({', '.join(widest[:2])})"
     return RunFacts(
-        name=report["name"], dataset=report["dataset"], eps=report["eps"],
+        name=os.path.basename(os.path.dirname(os.path.abspath(path))), dataset=report["dataset"], eps=report["eps"],
         paper=report["accuracy"].get("paper"), accuracy=accuracy, unfinished=unfinished,
         epsilon=(report["privacy"].get("epsilon") or {}).get("epsilon"),
         steps=report["privacy"].get("steps"),
         commit=(report["provenance"].get("commit") or "unknown")[:7],
-        cpu=machine.get("cpu") or "not recorded",
+        cpu=cpu,
         generator_init=report.get("generator_init") or "not recorded",
         curves=curves)
 
