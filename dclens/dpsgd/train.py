@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -146,7 +145,7 @@ class _Model:
         arrays["velocity"] = self.velocity
         return arrays
 
-    def load(self, load_array, names) -> None:
+    def load(self, load_array) -> None:
         for i, variable in enumerate(self.variables):
             variable.assign(load_array(f"w{i}"))
         self.velocity = np.array(load_array("velocity"), np.float32)
@@ -271,7 +270,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
             if latest.state["root_seed"] != root_seed:
                 raise rundir.RunDirError(f"{latest.path} was written with another root seed "
                                          f"than {paths.seed}: the run is damaged; --restart")
-            model.load(lambda name: latest.load_array(name), latest.array_names())
+            model.load(latest.load_array)
             start, curves = latest.step, list(latest.state["curves"])
             entries = latest.state["journal_entries"]
             already_finished = bool(latest.state.get("finished"))
