@@ -110,8 +110,8 @@ def test_a_killed_run_resumes_and_counts_the_lost_steps(tiny_fmnist_dir, tmp_pat
     steps = whole["privacy"]["steps"]
     assert resumed["privacy"]["steps"] == steps + 2 and resumed["privacy"]["lost_steps"] == 2
     assert resumed["privacy"]["epsilon"]["epsilon"] > whole["privacy"]["epsilon"]["epsilon"]
-    # The redone steps drew other noise (attempt 1), not a replay of the lost draws, so
-    # the final model differs from the uninterrupted run's (same seed, same batches).
+    # The redone steps drew other noise and other samples (attempt 1), not a replay of the
+    # lost draws, so the final model differs from the uninterrupted run's.
     import keras
 
     weights = [keras.models.load_model(tmp_path / name / "model.keras").get_weights()
@@ -121,6 +121,19 @@ def test_a_killed_run_resumes_and_counts_the_lost_steps(tiny_fmnist_dir, tmp_pat
     again = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
                                            log=lambda line: None)
     assert again["privacy"]["steps"] == resumed["privacy"]["steps"]
+
+
+def test_a_redone_step_draws_a_fresh_poisson_sample():
+    """Sampling is keyed by (attempt, step): the same attempt replays its sample (resume
+    is deterministic), another attempt draws an independent one, because the ledger
+    counts a lost and a redone step as two independently sampled mechanisms."""
+    seeds = SeedTree(3)
+    first = train.batch_for(seeds, step=7, attempt=0, private=2000, rate=0.05)
+    assert np.array_equal(first, train.batch_for(seeds, step=7, attempt=0, private=2000,
+                                                 rate=0.05))
+    redone = train.batch_for(seeds, step=7, attempt=1, private=2000, rate=0.05)
+    # ~100 of 2000 each; independent samples share ~5 indices, never all of them.
+    assert len(np.intersect1d(first, redone)) < min(len(first), len(redone)) // 2
 
 
 def test_a_resume_with_other_privacy_settings_is_refused(tiny_fmnist_dir, tmp_path):

@@ -3,7 +3,10 @@
 One step t, on the private examples P (n of them, after the held-out images):
 
 1. a Poisson sample S_t of P, every example independently with rate q = B / n (the
-   sampler the accounting assumes; its key is (BATCH, t));
+   sampler the accounting assumes; its key is (BATCH, attempt, t): a step redone after a
+   crash draws a fresh sample, because the ledger counts the lost and the redone step as
+   two independently sampled mechanisms, and two releases on one shared sample cost more
+   than that -- :func:`batch_for`);
 2. the step's event is **spent into the ledger and journaled on disk** before any noise
    exists (the write-ahead journal of :mod:`dclens.journal`);
 3. per-example gradients of S_t (vectorised), the method's clipping and compression,
@@ -194,6 +197,19 @@ class _Mechanism:
                                   noise_residual=noise_residual).numpy()
 
 
+def batch_for(seeds: SeedTree, *, step: int, attempt: int, private: int,
+              rate: float) -> np.ndarray:
+    """Indices of step ``step``'s Poisson sample, keyed by (BATCH, attempt, step).
+
+    The attempt is in the key for privacy, not luck: after a crash the journal keeps the
+    lost step's spend and the redone step spends again, and the accountant composes the
+    two as independently subsampled mechanisms.  Replaying the lost step's sample would
+    make them two Gaussians on one sample, whose amplified cost is larger than the sum of
+    two independently sampled ones (the ledger would under-count).
+    """
+    return mechanisms.poisson_batch(seeds.numpy(Stream.BATCH, attempt, step), private, rate)
+
+
 def _root_seed(paths: rundir.RunPaths, config: DpsgdConfig, resuming: bool) -> int:
     if resuming and os.path.exists(paths.seed):
         with open(paths.seed, encoding="utf-8") as stream:
@@ -316,7 +332,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         if budget is not None and ledger.epsilon_after_event(step_event).epsilon > budget * (1 + 1e-9):
             stop_reason = "budget"
             break
-        batch = mechanisms.poisson_batch(seeds.numpy(Stream.BATCH, step), n, rate)
+        batch = batch_for(seeds, step=step, attempt=attempt, private=n, rate=rate)
         ledger.spend(step_event)
         journal.append(step, 0, 1)          # durable before the noise exists
         hook("after_spend", step)
