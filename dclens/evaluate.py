@@ -330,7 +330,8 @@ def load_synthetic(path: str | os.PathLike, dataset: str) -> tuple[data.LabeledI
 
 
 def run_dir_config(path: str | os.PathLike) -> dict | None:
-    """The ``config.json`` of the dclens run that ``path`` (or its folder) belongs to."""
+    """The ``config.json`` of the dclens run that ``path`` (or its folder) belongs to; its
+    data settings are under ``["train"]`` whichever method wrote it."""
     path = os.fspath(path)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     candidate = os.path.join(folder, "config.json")
@@ -338,7 +339,12 @@ def run_dir_config(path: str | os.PathLike) -> dict | None:
         return None
     with open(candidate) as stream:
         saved = json.load(stream)
-    return saved.get("config") if isinstance(saved, dict) else None
+    config = saved.get("config") if isinstance(saved, dict) else None
+    if isinstance(config, dict) and "train" not in config and "dataset" in config:
+        # Runs of the other methods (GS-WGAN, ...) keep the data settings at the top.
+        config = {**config, "train": {"dataset": config["dataset"],
+                                      "data_dir": config.get("data_dir")}}
+    return config
 
 
 # ------------------------------------------------------------------ protocol pieces

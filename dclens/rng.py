@@ -34,6 +34,9 @@ class Stream(enum.IntEnum):
     DATA_SPLIT = 10
     ANCHOR_LABELS = 11
     ANCHOR_BASIS = 12
+    # GS-WGAN (dclens.gswgan).
+    DISCRIMINATOR_CHOICE = 13
+    CRITIC = 14
 
 
 def entropy_seed() -> int:
