@@ -16,6 +16,12 @@ a Gaussian mechanism with noise multiplier sigma / (2 sqrt(topk)). Three modes:
 
 Every result names its RDP -> (epsilon, delta) conversion ("classic": the DataLens
 authors' one; "dp_accounting": tighter). ``--json`` prints one JSON object instead.
+
+GS-WGAN (``gswgan`` first): sigma for a budget, or epsilon for a sigma, under both of its
+accountings ("iteration", provable; "per_sample_paper", the released code's, NOT proven):
+    python scripts/privacy.py gswgan --target_eps 10 --iterations 20000 \
+        --num_discriminators 1000 --batch_size 32
+    python scripts/privacy.py gswgan --sigma 1.07 --iterations 20000
 """
 
 from __future__ import annotations
@@ -110,7 +116,52 @@ def _describe(mode: str, result: dict[str, Any], args: argparse.Namespace) -> st
             f"(order {result['order']:g}; {result['orders']})")
 
 
+def gswgan_main(argv: Sequence[str]) -> int:
+    """``privacy.py gswgan ...``: GS-WGAN's sigma or epsilon under each accounting."""
+    from dclens.gswgan import accounting as gs_accounting
+
+    parser = argparse.ArgumentParser(prog="privacy.py gswgan",
+                                     description="GS-WGAN: sigma for a budget, or epsilon "
+                                                 "for a sigma, under each accounting")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--target_eps", type=float, help="print the smallest sigma within it")
+    mode.add_argument("--sigma", type=float, help="print epsilon after --iterations")
+    parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--num_discriminators", type=int, default=1000)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--conversion", default="dp_accounting",
+                        choices=[c.value for c in accounting.Conversion])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    common = dict(num_discriminators=args.num_discriminators, batch_size=args.batch_size,
+                  iterations=args.iterations, delta=args.delta, conversion=args.conversion)
+    results = {}
+    try:
+        for method in gs_accounting.Accounting:
+            sigma = (args.sigma if args.sigma is not None else gs_accounting.calibrate_sigma(
+                accounting=method, target_epsilon=args.target_eps, **common))
+            results[method.value] = {
+                "sigma": sigma, "proven": method.proven,
+                "epsilon": gs_accounting.epsilon(accounting=method, sigma=sigma, **common),
+                "description": method.description}
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    if args.json:
+        print(json.dumps({"method": "gswgan", "inputs": vars(args), "results": results}))
+        return 0
+    print(f"GS-WGAN: {args.iterations} iterations, N_D = {args.num_discriminators}, "
+          f"B = {args.batch_size}, delta = {args.delta:g}, {args.conversion} conversion")
+    for name, result in results.items():
+        print(f"  {name:<17} sigma = {result['sigma']:.4f} -> epsilon = "
+              f"{result['epsilon']:.4f}{'' if result['proven'] else '  (NOT proven)'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gswgan"]:
+        return gswgan_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.target_eps is not None:

@@ -251,15 +251,47 @@ def test_a_killed_run_resumes_without_under_counting(tiny_fmnist_dir, tmp_path):
         assert json.load(stream)["method"] == "gswgan"
 
 
-def test_budget_stops_the_run_and_per_sample_accounting_is_marked(tiny_fmnist_dir, tmp_path):
-    config = _tiny_config(tiny_fmnist_dir, sigma=None, target_eps=50.0, iterations=4,
-                          accounting="per_sample_paper", warm_iterations=0)
-    lines = []
-    report = train.train_gswgan(config, str(tmp_path / "run"), progress=False,
-                                log=lines.append)
-    assert report["privacy"]["epsilon"]["epsilon"] <= 50.0
-    assert report["privacy"]["accounting_proven"] is False
-    assert any("NOT proven" in line for line in lines)
+def _script(name: str):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dclens_cli_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_dir,
+                                                                    tmp_path, capsys):
+    cli = _script("gswgan")
+    code = cli.main(["--run_dir", str(tmp_path / "run"), "--data_dir", str(tiny_fmnist_dir),
+                     "--num_discriminators", "4", "--model_dim", "2", "--batch_size", "6",
+                     "--critic_iters", "1", "--warm_iterations", "0", "--iterations", "4",
+                     "--num_samples", "20", "--seed", "1", "--target_eps", "50",
+                     "--accounting", "per_sample_paper", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0 and "per_sample_paper accounting (NOT proven)" in out
+    with open(tmp_path / "run" / "report.json") as stream:
+        privacy = json.load(stream)["privacy"]
+    assert privacy["epsilon"]["epsilon"] <= 50.0 and privacy["accounting_proven"] is False
+    # bad input: quoted by name, nothing written
+    with pytest.raises(SystemExit):
+        cli.main(["--run_dir", str(tmp_path / "bad"), "--num_discriminators", "0"])
+    assert "num_discriminators = 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_privacy_cli_calibrates_gswgan_under_both_accountings(capsys):
+    cli = _script("privacy")
+    assert cli.main(["gswgan", "--target_eps", "10", "--iterations", "2000",
+                     "--num_discriminators", "100", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert set(results) == {"iteration", "per_sample_paper"}
+    assert all(r["epsilon"] <= 10 for r in results.values())
+    # the provable accounting needs more noise for the same budget
+    assert results["iteration"]["sigma"] > results["per_sample_paper"]["sigma"]
+    assert results["per_sample_paper"]["proven"] is False
 
 
 def test_settings_are_checked_by_name():
