@@ -3,6 +3,7 @@
 
     python scripts/faults.py --runs 10                 # Debian Fashion-MNIST, 80 records
     python scripts/faults.py --runs 3 --data_dir D     # <D>/fashion_mnist/*-ubyte(.gz)
+    python scripts/faults.py --runs 5 --method gswgan  # GS-WGAN's loop instead
 
 Each trial trains the same tiny seeded config (4 teachers, 5 budgeted steps, a checkpoint
 every step) in a fresh directory and kills it with SIGKILL either at a named point of the
@@ -15,6 +16,10 @@ resumes, and checks against the uninterrupted reference run:
 * the ledger counts exactly the queries of the steps it took plus the journaled lost ones;
 * if no spend was lost (the kill fell on a checkpoint boundary), the per-step epsilon curve
   and the final samples are bit-identical to the reference.
+
+With ``--method gswgan`` the run is a tiny seeded GS-WGAN (4 discriminators, 5 DP
+iterations, a checkpoint every iteration; kill points ``after_warm_chunk``, ``after_spend``,
+``after_iteration``, ``checkpoint_before_commit``) and the same checks apply per iteration.
 
 Prints one JSON object: runs, kills, resumed, ledger_mismatches (must be 0), and per trial
 what happened.  Exit status 1 if any check failed.
@@ -42,6 +47,9 @@ from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 POINTS = ("after_spend", "after_step", "checkpoint_before_commit", "after_checkpoint",
           "before_outputs")
+GSWGAN_POINTS = ("after_warm_chunk", "after_spend", "after_iteration",
+                 "checkpoint_before_commit")
+METHODS = ("datalens", "gswgan")
 TEACHERS, RECORDS, BATCH, SIGMA, TOPK, STEPS = 4, 80, 10, 20.0, 50, 5
 EPSILON_TOLERANCE = 1e-9
 
@@ -70,10 +78,24 @@ def main_argv(data_dir: str | None, out: str, *, seed: int = 3) -> list[str]:
     return argv
 
 
+def gswgan_argv(data_dir: str | None, out: str, *, seed: int = 3) -> list[str]:
+    """The command line (scripts/gswgan.py) of the small GS-WGAN run of ``--method gswgan``."""
+    argv = ["--run_dir", out, "--num_discriminators", "4", "--model_dim", "2",
+            "--batch_size", "6", "--critic_iters", "1", "--warm_iterations", "1",
+            "--warm_chunk", "2", "--iterations", str(STEPS), "--sigma", "2.0",
+            "--checkpoint_every", "1", "--log_every", "1", "--num_samples", "40",
+            "--seed", str(seed), "--max_records", str(RECORDS), "--quiet"]
+    if data_dir is not None:
+        argv += ["--data_dir", data_dir]
+    return argv
+
+
 def run_child(argv: list[str], *, kill_at: str | None = None, kill_after: float | None = None,
-              timeout: float = 600.0) -> int:
-    """Runs ``main.py argv`` in a child process; returns its exit status (-9 if killed)."""
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "child"]
+              timeout: float = 600.0, method: str = "datalens") -> int:
+    """Runs ``main.py argv`` (``gswgan.py argv`` for method gswgan) in a child process;
+    returns its exit status (-9 if killed)."""
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "child",
+               "--method", method]
     if kill_at is not None:
         command += ["--kill_at", kill_at]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -105,6 +127,25 @@ def outcome(out: str) -> dict:
     samples = np.load(os.path.join(out, "samples.npz"))["x"]
     return {"curve": privacy["epsilon_per_step"], "steps": privacy["steps"],
             "queries": journal["queries"], "lost_queries": privacy["lost_queries"],
+            "queries_per_step": BATCH,
+            "samples_sha256": hashlib.sha256(samples.tobytes()).hexdigest()}
+
+
+def gswgan_outcome(out: str) -> dict:
+    """:func:`outcome` for a GS-WGAN run (one journaled spend per DP iteration)."""
+    with open(os.path.join(out, "report.json")) as stream:
+        report = json.load(stream)
+    with open(os.path.join(out, "ledger.json")) as stream:
+        journal = json.load(stream)
+    import numpy as np
+
+    privacy = report["privacy"]
+    samples = np.load(os.path.join(out, "samples.npz"))["x"]
+    return {"curve": [{"step": p["iteration"], "epsilon": p["epsilon"]}
+                      for p in report["curves"]],
+            "steps": privacy["iterations_spent"] - privacy["lost_iterations"],
+            "queries": journal["queries"], "lost_queries": privacy["lost_iterations"],
+            "queries_per_step": 1,
             "samples_sha256": hashlib.sha256(samples.tobytes()).hexdigest()}
 
 
@@ -117,9 +158,11 @@ def compare(reference: dict, resumed: dict) -> list[str]:
         if want is not None and point["epsilon"] < want * (1 - EPSILON_TOLERANCE):
             failures.append(f"step {point['step']}: epsilon {point['epsilon']} < "
                             f"uninterrupted {want}")
-    if resumed["queries"] != resumed["steps"] * BATCH + resumed["lost_queries"]:
+    per_step = resumed["queries_per_step"]
+    if resumed["queries"] != resumed["steps"] * per_step + resumed["lost_queries"]:
         failures.append(f"ledger counts {resumed['queries']} queries, expected "
-                        f"{resumed['steps']} steps x {BATCH} + {resumed['lost_queries']} lost")
+                        f"{resumed['steps']} steps x {per_step} + "
+                        f"{resumed['lost_queries']} lost")
     if resumed["lost_queries"] == 0:
         if resumed["curve"] != reference["curve"]:
             failures.append("no spend was lost but the epsilon curve differs")
@@ -129,11 +172,19 @@ def compare(reference: dict, resumed: dict) -> list[str]:
 
 
 def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dict,
-          reference_seconds: float, index: int) -> dict:
+          reference_seconds: float, index: int, method: str = "datalens") -> dict:
     out = os.path.join(workdir, f"trial-{index}")
-    argv = main_argv(data_dir, out)
+    argv = (gswgan_argv if method == "gswgan" else main_argv)(data_dir, out)
     if rng.random() < 0.25:
         kill = {"kill_after": round(rng.uniform(0.2, 1.0) * reference_seconds, 2)}
+    elif method == "gswgan":
+        point = rng.choice(GSWGAN_POINTS)
+        # after_spend: the iteration index (0..STEPS-1); after_warm_chunk: discriminators
+        # done (2 or 4); the others: iterations done (1..STEPS).
+        step = {"after_spend": rng.randrange(0, STEPS),
+                "after_warm_chunk": rng.choice((2, 4))}.get(point,
+                                                          rng.randrange(1, STEPS + 1))
+        kill = {"kill_at": f"{point}:{step}"}
     else:
         point = rng.choice(POINTS)
         # after_spend fires with the index of the step being taken (0..STEPS-1), the
@@ -141,15 +192,15 @@ def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dic
         step = {"after_spend": rng.randrange(0, STEPS),
                 "before_outputs": STEPS}.get(point, rng.randrange(1, STEPS + 1))
         kill = {"kill_at": f"{point}:{step}"}
-    first = run_child(argv, **kill)
+    first = run_child(argv, method=method, **kill)
     killed = first == -signal.SIGKILL
-    second = run_child(argv)
+    second = run_child(argv, method=method)
     record = {"trial": index, **kill, "killed": killed, "first_exit": first,
               "resume_exit": second}
     if second != 0:
         record["failures"] = [f"the resumed run exited with {second}"]
         return record
-    resumed = outcome(out)
+    resumed = (gswgan_outcome if method == "gswgan" else outcome)(out)
     record.update(lost_queries=resumed["lost_queries"], steps=resumed["steps"],
                   final_epsilon=resumed["curve"][-1]["epsilon"] if resumed["curve"] else None,
                   failures=compare(reference, resumed))
@@ -157,18 +208,20 @@ def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dic
     return record
 
 
-def run_trials(runs: int, *, seed: int, data_dir: str | None, workdir: str) -> dict:
+def run_trials(runs: int, *, seed: int, data_dir: str | None, workdir: str,
+               method: str = "datalens") -> dict:
     rng = random.Random(seed)
     reference_dir = os.path.join(workdir, "reference")
     started = time.perf_counter()
-    code = run_child(main_argv(data_dir, reference_dir))
+    argv = (gswgan_argv if method == "gswgan" else main_argv)(data_dir, reference_dir)
+    code = run_child(argv, method=method)
     if code != 0:
         raise SystemExit(f"faults.py: the uninterrupted reference run failed (exit {code})")
     reference_seconds = time.perf_counter() - started
-    reference = outcome(reference_dir)
-    trials = [trial(rng, workdir, data_dir, reference, reference_seconds, i)
+    reference = (gswgan_outcome if method == "gswgan" else outcome)(reference_dir)
+    trials = [trial(rng, workdir, data_dir, reference, reference_seconds, i, method)
               for i in range(runs)]
-    return {"runs": runs, "kills": sum(t["killed"] for t in trials),
+    return {"method": method, "runs": runs, "kills": sum(t["killed"] for t in trials),
             "resumed": sum(t["resume_exit"] == 0 for t in trials),
             "ledger_mismatches": sum(bool(t["failures"]) for t in trials),
             "kills_with_lost_spends": sum(t.get("lost_queries", 0) > 0 for t in trials),
@@ -181,6 +234,7 @@ def child(argv: list[str]) -> int:
     """Runs main.py in this process, SIGKILLing itself at ``--kill_at point:step``."""
     parser = argparse.ArgumentParser(prog="faults.py child")
     parser.add_argument("--kill_at")
+    parser.add_argument("--method", choices=METHODS, default="datalens")
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -194,8 +248,10 @@ def child(argv: list[str]) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import main as cli   # scripts/main.py
-
+    if args.method == "gswgan":
+        import gswgan as cli   # scripts/gswgan.py
+    else:
+        import main as cli     # scripts/main.py
     return cli.main(rest, fault_hook=hook)
 
 
@@ -205,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--data_dir", help="data root with fashion_mnist/ (default: Debian's)")
     parser.add_argument("--workdir", help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--method", choices=METHODS, default="datalens",
+                        help="whose training loop to kill (default: datalens)")
     return parser
 
 
@@ -217,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
     workdir = args.workdir or tempfile.mkdtemp(prefix="dclens-faults-")
-    summary = run_trials(args.runs, seed=args.seed, data_dir=args.data_dir, workdir=workdir)
+    summary = run_trials(args.runs, seed=args.seed, data_dir=args.data_dir, workdir=workdir,
+                         method=args.method)
     print(json.dumps(summary, indent=2))
     return 1 if summary["ledger_mismatches"] else 0
 

@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
+    """Runs the command line; ``fault_hook`` is for fault-injection tests (scripts/faults.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     from dclens import data, rundir
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
         report = train.train_gswgan(config, args.run_dir, restart=args.restart,
-                                    progress=not args.quiet, log=log)
+                                    progress=not args.quiet, log=log,
+                                    **({"hook": fault_hook} if fault_hook else {}))
     except (GswganConfigError, data.DataError, rundir.RunDirError, JournalError,
             CheckpointError, OSError) as error:
         print(f"gswgan.py: error: {error}", file=sys.stderr)

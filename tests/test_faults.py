@@ -72,3 +72,22 @@ def test_compare_catches_a_smaller_epsilon(reference):
     failures = faults.compare(reference, forged)
     assert failures and "< uninterrupted" in failures[0]
     assert faults.compare(reference, dict(reference, queries=reference["queries"] - 1))
+
+
+def test_gswgan_sigkill_after_a_spend_resumes_without_under_counting(tiny_fmnist_dir,
+                                                                      tmp_path):
+    """GS-WGAN under a real kill -9 right after iteration 2's spend was journaled (the
+    checkpoint holds 2 iterations): the resumed run counts that spend as lost, its
+    epsilon is never below the uninterrupted run's, and its ledger adds up."""
+    reference_dir = str(tmp_path / "reference")
+    assert faults.run_child(faults.gswgan_argv(str(tiny_fmnist_dir), reference_dir),
+                            method="gswgan") == 0
+    reference = faults.gswgan_outcome(reference_dir)
+    assert reference["steps"] == faults.STEPS and reference["lost_queries"] == 0
+    out = str(tmp_path / "run")
+    argv = faults.gswgan_argv(str(tiny_fmnist_dir), out)
+    assert faults.run_child(argv, kill_at="after_spend:2", method="gswgan") == -signal.SIGKILL
+    assert faults.run_child(argv, method="gswgan") == 0
+    resumed = faults.gswgan_outcome(out)
+    assert resumed["lost_queries"] == 1 and resumed["queries"] == faults.STEPS + 1
+    assert faults.compare(reference, resumed) == []
