@@ -9,6 +9,9 @@ Prints one JSON object.  For each --model_dim:
   the speed-up of each chunk over chunk 1;
 * DP phase: seconds per iteration (bank row in, 5 critic steps, the sanitized generator
   step, EMA, bank row out), same median;
+* the warm-start's modelled FLOPs per iteration (``models.warm_iteration_flops``, a stated
+  model) over its time, as a fraction of the float32 matmul peak measured in the same run:
+  near 1, batching more discriminators into one graph cannot make it faster;
 * the projection of the paper's run (1000 discriminators x 2000 warm-start iterations,
   20000 DP iterations) at the best chunk: hours, the stated model being "measured seconds
   per unit x units", nothing else.
@@ -51,7 +54,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
     import numpy as np
     import tensorflow as tf
 
-    from dclens.gswgan import steps, train
+    from dclens.gswgan import models, steps, train
     from dclens.gswgan.config import GswganConfig
     from dclens.rng import SeedTree, Stream
 
@@ -103,10 +106,15 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
                                        nets.generator.trainable_weights)),
                   "discriminator": int(sum(np.prod(w.shape) for w in
                                            nets.discriminator.trainable_weights))}
+    flops = models.warm_iteration_flops(model_dim, batch, config.critic_iters)
+    for entry in warm.values():
+        entry["model_gflops_per_second"] = flops / entry[
+            "seconds_per_discriminator_iteration"] / 1e9
     warm_hours = (PAPER["discriminators"] * PAPER["warm_iterations"]
                   * best["seconds_per_discriminator_iteration"] / 3600)
     dp_hours = PAPER["iterations"] * dp_seconds / 3600
-    return {"model_dim": model_dim, "parameters": parameters, "warm_start": warm,
+    return {"model_dim": model_dim, "parameters": parameters,
+            "warm_iteration_gflop_model": flops / 1e9, "warm_start": warm,
             "dp_seconds_per_iteration": dp_seconds,
             "projection_paper_run_hours": {"warm_start": warm_hours, "dp_phase": dp_hours,
                                            "total": warm_hours + dp_hours,
@@ -134,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     peak = bench.matmul_peak_gflops()
     results = [bench_model_dim(m, args.chunks, args.batch_size, args.repeats)
                for m in args.model_dim]
+    for result in results:
+        for entry in result["warm_start"].values():
+            entry["fraction_of_matmul_peak"] = (entry["model_gflops_per_second"]
+                                                / peak["median_gflops"])
     print(json.dumps({"cpu": teacher_conv.cpu_model_name(),
                       "cpu_vector_extensions": teacher_conv.cpu_vector_extensions(),
                       "onednn": teacher_conv.onednn_enabled(), "matmul_peak": peak,

@@ -198,3 +198,33 @@ class Discriminator(keras.Model):
         h = tf.reshape(h, (tf.shape(h)[0], -1))
         projection = tf.reduce_sum(self.embedding(labels, training=training) * h, axis=1)
         return self.linear(h, training=training)[:, 0] + projection
+
+
+def generator_macs(model_dim: int, z_dim: int = 10, num_classes: int = 10) -> int:
+    """Multiply-accumulates of one generator forward pass for one image (convolutions and
+    dense layers; element-wise work and the power iterations left out)."""
+    width = 4 * model_dim
+    macs = (z_dim + num_classes) * 16 * width
+    for size in (8, 16, 32):
+        macs += size * size * width * width * (2 * 9 + 1)      # two 3x3 convs + 1x1 shortcut
+    return macs + 30 * 30 * 9 * width
+
+
+def discriminator_macs(model_dim: int) -> int:
+    """Multiply-accumulates of one discriminator forward pass for one image."""
+    m = model_dim
+    return (14 * 14 * 25 * m + 7 * 7 * 25 * m * 2 * m + 4 * 4 * 25 * 2 * m * 4 * m
+            + 2 * 16 * 4 * m)
+
+
+def warm_iteration_flops(model_dim: int, batch: int, critic_iters: int) -> float:
+    """A stated model of one warm-start iteration's FLOPs (2 per MAC; a backward pass
+    costs twice its forward): each critic step is a generator forward (fakes) plus the
+    critic's forward and backward on real and fake batches and, for the gradient penalty,
+    a forward, an input gradient and its double backward (~5 forwards); the generator
+    step is a generator forward and backward plus the critic's forward and input
+    gradient.  So 8 G + 58 D forwards per image at critic_iters = 5."""
+    g, d = generator_macs(model_dim), discriminator_macs(model_dim)
+    critic = g + (2 * 3 + 5) * d
+    generator = 3 * g + 3 * d
+    return 2.0 * batch * (critic_iters * critic + generator)
