@@ -63,12 +63,13 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
     config = GswganConfig(model_dim=model_dim, batch_size=batch, seed=0)
     warm = {}
     for chunk in chunks:
-        pairs = train._WarmPairs(config, list(range(chunk)), seeds, 10)
+        pairs = train._WarmPairs(config, chunk, 10)
+        base_seeds = pairs.reset(list(range(chunk)), seeds)
         real = rng.uniform(size=(chunk, config.critic_iters, batch, 28, 28, 1)).astype(np.float32)
         labels = rng.integers(0, 10, size=(chunk, config.critic_iters, batch))
         counter = iter(range(10 ** 6))
-        seconds = _median_seconds(lambda: pairs.step(real, labels, np.int64(next(counter))),
-                                  repeats)
+        seconds = _median_seconds(
+            lambda: pairs.step(real, labels, base_seeds, np.int64(next(counter))), repeats)
         warm[str(chunk)] = {"seconds_per_step": seconds,
                             "seconds_per_discriminator_iteration": seconds / chunk}
     base = warm[str(chunks[0])]["seconds_per_discriminator_iteration"]

@@ -146,31 +146,45 @@ class DiscriminatorBank:
 
 
 class _WarmPairs:
-    """``len(members)`` independent (generator, discriminator) pairs, WGAN-GP trained
-    together in one graph; each pair only ever sees its own shard's batches."""
+    """``size`` independent (generator, discriminator) pairs, WGAN-GP trained together in
+    one graph; each pair only ever sees its own shard's batches.  The graph is traced once
+    and reused: :meth:`reset` loads the next members' fresh initial weights (each from its
+    own keys) and zeroes their optimisers."""
 
-    def __init__(self, config: GswganConfig, members: list[int], seeds: SeedTree,
-                 num_classes: int):
+    def __init__(self, config: GswganConfig, size: int, num_classes: int):
         import tensorflow as tf
 
-        self.config, self.members, self.num_classes = config, members, num_classes
-        self.generators = [new_generator(config, num_classes, seeds, _WARM_GENERATOR, m)
-                           for m in members]
-        self.discriminators = [new_discriminator(config, num_classes, seeds, m)
-                               for m in members]
+        self.config, self.size, self.num_classes = config, size, num_classes
+        template = SeedTree(0)
+        self.generators = [new_generator(config, num_classes, template, _WARM_GENERATOR, k)
+                           for k in range(size)]
+        self.discriminators = [new_discriminator(config, num_classes, template, k)
+                               for k in range(size)]
         self.g_opt = [_adam(config, g) for g in self.generators]
         self.d_opt = [_adam(config, d) for d in self.discriminators]
-        self.base_seeds = tf.stack([seeds.tf_seed(Stream.CRITIC, 0, m) for m in members])
         self.step = tf.function(self._step)
 
-    def _step(self, real, labels, iteration):
+    def reset(self, members: list[int], seeds: SeedTree):
+        """Fresh pairs for ``members`` (len == size); returns their critic base seeds."""
+        import tensorflow as tf
+
+        for k, member in enumerate(members):
+            self.generators[k].set_weights(new_generator(
+                self.config, self.num_classes, seeds, _WARM_GENERATOR, member).get_weights())
+            self.discriminators[k].set_weights(new_discriminator(
+                self.config, self.num_classes, seeds, member).get_weights())
+            for optimizer in (self.g_opt[k], self.d_opt[k]):
+                optimizer.load([np.zeros(a.shape, np.float32) for a in optimizer.state()])
+        return tf.stack([seeds.tf_seed(Stream.CRITIC, 0, m) for m in members])
+
+    def _step(self, real, labels, base_seeds, iteration):
         import tensorflow as tf
 
         config = self.config
         fold = tf.random.experimental.stateless_fold_in
         batch = tf.shape(labels)[-1]
-        for k in range(len(self.members)):
-            seed = fold(self.base_seeds[k], iteration)
+        for k in range(self.size):
+            seed = fold(base_seeds[k], iteration)
             for c in range(config.critic_iters):
                 critic_seed = fold(seed, c)
                 z = steps.bernoulli_latent(fold(critic_seed, 0), batch, config.z_dim)
@@ -200,15 +214,20 @@ def warm_start(config: GswganConfig, bank: DiscriminatorBank, images, labels, sh
         from tqdm import tqdm
         bar = tqdm(total=total, initial=done, unit="D", desc="warm-start", file=sys.stderr,
                    dynamic_ncols=True)
+    graphs: dict[int, _WarmPairs] = {}          # one traced graph per chunk size
     while done < total:
         members = list(range(done, min(total, done + config.warm_chunk)))
-        pairs = _WarmPairs(config, members, seeds, num_classes)
+        if len(members) not in graphs:
+            graphs[len(members)] = _WarmPairs(config, len(members), num_classes)
+        pairs = graphs[len(members)]
+        base_seeds = pairs.reset(members, seeds)
         rngs = [seeds.numpy(Stream.BATCH, 1, m) for m in members]
         for iteration in range(config.warm_iterations):
             real, real_labels = zip(*(real_batches(images, labels, shards[m], rng,
                                                    config.critic_iters, config.batch_size)
                                       for m, rng in zip(members, rngs)))
-            pairs.step(np.stack(real), np.stack(real_labels), np.int64(iteration))
+            pairs.step(np.stack(real), np.stack(real_labels), base_seeds,
+                       np.int64(iteration))
         for m, discriminator in zip(members, pairs.discriminators):
             bank.store(m, discriminator, _adam(config, discriminator))
         bank.flush()
