@@ -476,12 +476,16 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
         if bar is not None:
             bar.update(1)
         if done % config.log_every == 0 or done == config.iterations:
-            point = {"iteration": done, "critic_loss": critic_loss,
-                     "released_norm": released_norm, "epsilon": ledger.epsilon().epsilon}
+            # The curves (report.json) hold only what is released or public; the critic
+            # loss is computed on the chosen shard's private records, so it goes to the
+            # owner's TensorBoard under private/ and never into the report.
+            point = {"iteration": done, "released_norm": released_norm,
+                     "epsilon": ledger.epsilon().epsilon}
             curves.append(point)
             with writer.as_default(step=done):
-                for key in ("critic_loss", "released_norm", "epsilon"):
+                for key in ("released_norm", "epsilon"):
                     tf.summary.scalar(f"gswgan/{key}", point[key])
+                tf.summary.scalar("private/critic_loss", critic_loss)
             writer.flush()
             if bar is not None:
                 bar.set_postfix(eps=f"{point['epsilon']:.3f}", d=f"{critic_loss:.3f}")
