@@ -37,6 +37,8 @@ class Stream(enum.IntEnum):
     # GS-WGAN (dclens.gswgan).
     DISCRIMINATOR_CHOICE = 13
     CRITIC = 14
+    # GEP's data-independent anchors (dclens.dpsgd).
+    ANCHOR_IMAGES = 15
 
 
 def entropy_seed() -> int:

@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_bases", type=int, default=defaults.num_bases, help="GEP: anchor bases k")
     add("--num_groups", type=int, default=defaults.num_groups, help="GEP: parameter groups")
     add("--anchors", type=int, default=defaults.anchors,
-        help="GEP: held-out training images used as anchors (random labels)")
+        help="GEP: anchor images (random labels)")
+    add("--anchor_source", choices=("held_out", "noise"), default=defaults.anchor_source,
+        help="GEP: anchors are held-out training images (removed from the private set) "
+             "or uniform-noise images that touch no record")
     add("--validation", type=int, default=defaults.validation,
         help="held-out training images the evaluation epoch is chosen on")
     add("--activation", choices=("relu", "tanh"), default=defaults.activation)
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             epochs=args.epochs, learning_rate=args.learning_rate, momentum=args.momentum,
             clip=args.clip, topk=args.topk, clip_embedding=args.clip_embedding,
             clip_residual=args.clip_residual, num_bases=args.num_bases,
-            num_groups=args.num_groups, anchors=args.anchors, validation=args.validation,
+            num_groups=args.num_groups, anchors=args.anchors,
+            anchor_source=args.anchor_source, validation=args.validation,
             activation=args.activation, seed=args.seed,
             checkpoint_every=args.checkpoint_every, eval_every=args.eval_every)
     except DpsgdConfigError as error:

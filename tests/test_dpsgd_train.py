@@ -46,6 +46,26 @@ def test_split_is_disjoint_and_covers_every_record():
         DpsgdConfig(method="gep", validation=20, anchors=12, batch_size=10).check_data(40)
 
 
+def test_noise_anchors_touch_no_record():
+    """anchor_source = noise: no record is held out for anchors (private = all but the
+    validation images), and the anchors are the same whatever the data -- swapping every
+    training record adversarially leaves them bit-identical."""
+    config = DpsgdConfig(method="gep", validation=7, anchors=5, batch_size=10,
+                         anchor_source="noise")
+    ids = np.arange(40, dtype=np.float32) / 40
+    images = np.broadcast_to(ids[:, None, None, None], (40, 28, 28, 1)).copy()
+    split = train.split_records(images, np.arange(40) % 10, config, SeedTree(1), 10)
+    assert len(split.private_labels) == 33 and config.held_out == 7
+    other = train.split_records(1.0 - images, (np.arange(40) + 3) % 10, config,
+                                SeedTree(1), 10)
+    assert split.anchor_images.shape == (5, 28, 28, 1)
+    assert np.array_equal(split.anchor_images, other.anchor_images)
+    assert np.array_equal(split.anchor_labels, other.anchor_labels)
+    assert not np.isin(split.anchor_images[:, 0, 0, 0], ids).any()
+    with pytest.raises(DpsgdConfigError, match="anchor_source = 'public'"):
+        DpsgdConfig(method="gep", anchor_source="public")
+
+
 @pytest.mark.parametrize("method", ["gm", "topagg", "gep"])
 def test_a_run_spends_every_step_within_the_budget(tiny_fmnist_dir, tmp_path, method):
     config = _config(tiny_fmnist_dir, method=method)

@@ -10,6 +10,11 @@ from dclens import data
 from dclens.accounting import Conversion
 from dclens.dpsgd.mechanisms import Method
 
+#: Where GEP's anchor images come from: ``held_out`` training images (removed from the
+#: private set; random labels, as the paper does with its auxiliary data) or ``noise``:
+#: uniform-random images drawn from the run's keys, which touch no record at all.
+ANCHOR_SOURCES = ("held_out", "noise")
+
 #: Settings a resumed run may change (they do not touch what the ledger means).
 CHANGEABLE_ON_RESUME = frozenset({"checkpoint_every", "eval_every"})
 
@@ -48,7 +53,8 @@ class DpsgdConfig:
     clip_residual: float = 2.0           # GEP S2
     num_bases: int = 500                 # GEP: k in total (the paper's MNIST value)
     num_groups: int = 3                  # GEP: contiguous parameter groups
-    anchors: int = 2000                  # GEP: held-out images with random labels
+    anchors: int = 2000                  # GEP: anchor images (random labels)
+    anchor_source: str = "held_out"      # GEP: held_out training images, or noise images
     validation: int = 5000               # held-out images for choosing the epoch
     activation: str = "relu"
     seed: int | None = None              # fixes every draw, DP noise included (not private)
@@ -102,6 +108,8 @@ class DpsgdConfig:
             fail("topk", "is a fraction of the squared norm (or of the coordinates): (0, 1]")
         if self.activation not in ("relu", "tanh"):
             fail("activation", "choose relu or tanh")
+        if self.anchor_source not in ANCHOR_SOURCES:
+            fail("anchor_source", f"choose one of {list(ANCHOR_SOURCES)}")
         if self.method.is_gep and self.anchors < 1:
             fail("anchors", "GEP needs anchor images (held out, random labels): >= 1")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
@@ -109,8 +117,13 @@ class DpsgdConfig:
 
     @property
     def held_out(self) -> int:
-        """Training images held out of the private set (validation, GEP anchors)."""
-        return self.validation + (self.anchors if self.method.is_gep else 0)
+        """Training images held out of the private set (validation, GEP's held-out
+        anchors; noise anchors take none)."""
+        return self.validation + (self.anchors if self.holds_out_anchors else 0)
+
+    @property
+    def holds_out_anchors(self) -> bool:
+        return self.method.is_gep and self.anchor_source == "held_out"
 
     @property
     def releases(self) -> int:

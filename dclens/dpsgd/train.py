@@ -15,9 +15,11 @@ One step t, on the private examples P (n of them, after the held-out images):
 4. SGD (with optional momentum) on the noisy gradient (post-processing).
 
 Held out before anything: ``validation`` images (the epoch is chosen on them) and, for
-GEP, ``anchors`` images whose labels are replaced by random ones once (the anchor
-gradients that span GEP's subspace are computed on them each step).  Both are used
-without privacy; the guarantee is for adding or removing one of the other n examples.
+GEP with ``anchor_source = held_out``, ``anchors`` images whose labels are replaced by
+random ones once (the anchor gradients that span GEP's subspace are computed on them
+each step; with ``noise`` the anchors are uniform-random images and no record is held
+out for them).  Held-out images are used without privacy; the guarantee is for adding
+or removing one of the other n examples.
 The real test set is measured at every evaluation but never used to choose anything.
 
 A run directory has the layout of :mod:`dclens.rundir`: config.json, the journal
@@ -65,11 +67,16 @@ def split_records(images: np.ndarray, labels: np.ndarray, config: DpsgdConfig,
     config.check_data(len(labels))
     order = seeds.numpy(Stream.DATA_SPLIT).permutation(len(labels))
     validation = order[:config.validation]
-    anchors = order[config.validation:config.held_out]
     private = np.sort(order[config.held_out:])
-    random_labels = seeds.numpy(Stream.ANCHOR_LABELS).integers(0, num_classes, len(anchors))
+    count = config.anchors if config.method.is_gep else 0
+    random_labels = seeds.numpy(Stream.ANCHOR_LABELS).integers(0, num_classes, count)
+    if config.holds_out_anchors:
+        anchor_images = images[order[config.validation:config.held_out]]
+    else:       # data-independent anchors: uniform noise images from the run's own keys
+        anchor_images = seeds.numpy(Stream.ANCHOR_IMAGES).uniform(
+            size=(count, *images.shape[1:])).astype(images.dtype)
     return Split(images[private], labels[private], images[validation], labels[validation],
-                 images[anchors], random_labels.astype(np.int64))
+                 anchor_images, random_labels.astype(np.int64))
 
 
 def _differences(saved: dict, config: DpsgdConfig) -> list:
@@ -258,7 +265,8 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     mechanism = _Mechanism(config, sigma, model, split, seeds)
     step_event = mechanism.event(rate)
     facts = {"private_examples": n, "held_out": {"validation": config.validation,
-             "anchors": config.anchors if config.method.is_gep else 0},
+             "anchors": config.anchors if config.holds_out_anchors else 0},
+             "anchor_source": config.anchor_source if config.method.is_gep else None,
              "sampling_rate": rate, "planned_steps": total_steps, "sigma": sigma,
              "sigma_from": "given" if config.sigma is not None else
              f"calibrated to epsilon {config.target_eps} in {total_steps} steps",
