@@ -8,6 +8,7 @@ differs.  tests/test_teacher_conv.py runs a job with oneDNN off and on in subpro
 
 import gzip
 import os
+import pathlib
 import struct
 
 from dclens import tf_env
@@ -16,6 +17,18 @@ tf_env.prepare_cli_environment()
 
 import numpy as np
 import pytest
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (the CLIs are scripts, not a package), loaded
+    afresh under its own name so tests can call its ``main`` / ``build_parser``."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dclens_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_idx(path, array: np.ndarray) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dclens import authors_protocol, data
+from conftest import load_script
 
 SPEC = data.dataset_spec("fashion_mnist")
 
@@ -88,13 +89,7 @@ def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
 
 
 def test_cli_flags_build_the_authors_protocol():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
-    spec = importlib.util.spec_from_file_location("evaluate_cli", path)
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("evaluate")
     parse = cli.build_parser().parse_args
     settings = cli.settings_from_args(parse(["x", "--protocol", "authors", "--range", "10"]),
                                       "fashion_mnist")

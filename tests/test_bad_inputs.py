@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
-import importlib.util
 import io
 import json
 import math
@@ -21,12 +20,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from conftest import snapshot, write_idx
+from conftest import load_script, snapshot, write_idx
 
-_MAIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "main.py"
-_spec = importlib.util.spec_from_file_location("dclens_cli_bad_inputs", _MAIN)
-cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cli)
+cli = load_script("main")
 
 VALID = ["--train", "--dataset", "fashion_mnist", "--batch_teachers", "4", "--batch_size", "5",
          "--topk", "20", "--sigma", "20", "--thresh", "0.25", "--max_eps", "50",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -12,11 +11,9 @@ import pytest
 
 from dclens import config as cfg
 from dclens import export
+from conftest import load_script
 
-_MAIN_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "main.py"
-_spec = importlib.util.spec_from_file_location("dclens_cli_main", _MAIN_PATH)
-cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cli)
+cli = load_script("main")
 
 RUN_OUTPUTS = ("config.json", "privacy.json", "generator.keras", "samples.npz", "samples.png")
 

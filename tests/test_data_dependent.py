@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import synthetic_fashion_mnist
+from conftest import load_script, synthetic_fashion_mnist
 
 from dclens import data_dependent
 from dclens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
@@ -114,14 +114,8 @@ def test_the_analysis_is_refused_where_it_is_not_defined():
 
 
 def test_plot_privacy_draws_both_curves(tmp_path, capsys):
-    import importlib.util
     import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "plot_privacy.py"
-    spec = importlib.util.spec_from_file_location("plot_privacy", path)
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("plot_privacy")
     (tmp_path / "privacy.json").write_text(json.dumps({
         "delta": 1e-5, "conversion": "classic", "epsilon_per_step": [
             {"step": 1, "epsilon": 0.2, "epsilon_data_dependent_analysis": 0.3},

@@ -4,9 +4,7 @@ without under-counting, the budget holds, bad settings are refused by name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -15,15 +13,12 @@ from dclens import journal, sampled_ledger
 from dclens.dpsgd import train
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
 from dclens.rng import SeedTree
+from conftest import load_script
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "dpsgd.py"
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("dclens_cli_dpsgd", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dpsgd")
 
 
 def _config(data_dir, **changes):

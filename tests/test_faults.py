@@ -7,19 +7,15 @@ tests/test_resume.py; this file checks that a real ``kill -9`` changes nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
 import random
 import signal
 import time
 
 import pytest
+from conftest import load_script
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "faults.py"
-_spec = importlib.util.spec_from_file_location("dclens_faults", _PATH)
-faults = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(faults)
+faults = load_script("faults")
 
 
 @pytest.fixture(scope="module")

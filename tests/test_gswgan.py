@@ -21,6 +21,7 @@ from dclens.gswgan import models, steps, train
 from dclens.gswgan.accounting import Accounting
 from dclens.gswgan.config import GswganConfig, GswganConfigError
 from dclens.rng import SeedTree
+from conftest import load_script
 
 
 def _tiny_config(data_dir, **changes) -> GswganConfig:
@@ -260,20 +261,9 @@ def test_a_killed_run_resumes_without_under_counting(tiny_fmnist_dir, tmp_path):
         assert json.load(stream)["method"] == "gswgan"
 
 
-def _script(name: str):
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dclens_cli_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_dir,
                                                                     tmp_path, capsys):
-    cli = _script("gswgan")
+    cli = load_script("gswgan")
     code = cli.main(["--run_dir", str(tmp_path / "run"), "--data_dir", str(tiny_fmnist_dir),
                      "--num_discriminators", "4", "--model_dim", "2", "--batch_size", "6",
                      "--critic_iters", "1", "--warm_iterations", "0", "--iterations", "4",
@@ -292,7 +282,7 @@ def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_d
 
 
 def test_privacy_cli_calibrates_gswgan_under_both_accountings(capsys):
-    cli = _script("privacy")
+    cli = load_script("privacy")
     assert cli.main(["gswgan", "--target_eps", "10", "--iterations", "2000",
                      "--num_discriminators", "100", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
 from dclens import accounting, reproduce
 from dclens import config as cfg
+from conftest import load_script
 
-_SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"dclens_cli_{name}", _SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reproduce_cli = _load("reproduce")
-evaluate_cli = _load("evaluate")
+reproduce_cli = load_script("reproduce")
+evaluate_cli = load_script("evaluate")
 
 TINY_EVAL = ["--epochs", "2", "--batch_size", "16", "--quality_samples", "40",
              "--val_fraction", "0.2"]

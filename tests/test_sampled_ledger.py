@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dclens import journal, sampled_ledger
-from dclens.sampled_ledger import SampledGaussianLedger, Sampling
+from dclens.sampled_ledger import SampledGaussianLedger
 
 ORDERS = [2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 16.0, 32.0]
 

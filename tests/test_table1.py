@@ -3,23 +3,18 @@ mean and sample standard deviation per protocol, the markdown section kept in pl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import pathlib
 
 import pytest
 
 from dclens import table1
+from conftest import load_script
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "table1.py"
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("dclens_cli_table1", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("table1")
 
 
 def _report(name, eps, val, sen, *, authors=None, paper_config=True):

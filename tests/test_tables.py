@@ -1,17 +1,13 @@
 """The paper's analysis tables (dclens/tables.py, scripts/tables.py) on a tiny scale."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dclens import classifiers, evaluate, reproduce, tables
+from conftest import load_script
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "tables.py"
-_spec = importlib.util.spec_from_file_location("tables_cli", _PATH)
-cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cli)
+cli = load_script("tables")
 
 
 def test_dry_run_lists_every_row_with_its_change(capsys):
