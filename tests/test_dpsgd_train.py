@@ -16,7 +16,6 @@ from dclens.rng import SeedTree
 from conftest import load_script
 
 
-
 def _cli():
     return load_script("dpsgd")
 

@@ -12,7 +12,6 @@ from dclens import table1
 from conftest import load_script
 
 
-
 def _cli():
     return load_script("table1")
 
