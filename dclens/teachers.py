@@ -212,10 +212,20 @@ class TeacherBank:
     @classmethod
     def create(cls, layout: ParamLayout, num_teachers: int, *, seed: int,
                directory: str | os.PathLike | None = None, resident_rows: int = 0,
-               init_chunk: int = 256) -> "TeacherBank":
-        """A freshly initialised bank (teacher i's initial weights depend on (seed, i))."""
+               init_chunk: int = 256, first_teacher: int = 0,
+               total_teachers: int | None = None) -> "TeacherBank":
+        """A freshly initialised bank (teacher i's initial weights depend on (seed, i)).
+
+        ``first_teacher`` / ``total_teachers``: this bank holds teachers [first_teacher,
+        first_teacher + num_teachers) of a run of ``total_teachers`` (default: all of
+        them), initialised exactly as those rows of the whole run's bank are (a shard).
+        """
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers!r}")
+        total = num_teachers if total_teachers is None else total_teachers
+        if not 0 <= first_teacher <= total - num_teachers:
+            raise ValueError(f"teachers [{first_teacher}, {first_teacher + num_teachers}) "
+                             f"are not within a run of {total} teachers")
         shape = (num_teachers, layout.size)
         arrays = {}
         if directory is not None:
@@ -234,13 +244,17 @@ class TeacherBank:
                 arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=dtype,
                                                          shape=dims)
                 _preallocate(path, arrays[name])
-        seeds = np.random.SeedSequence(seed).spawn(math.ceil(num_teachers / init_chunk))
+        seeds = np.random.SeedSequence(seed).spawn(math.ceil(total / init_chunk))
         bank = cls(arrays["weights"], arrays["adam_m"], arrays["adam_v"], arrays["steps"],
                    layout, resident_rows=resident_rows)
-        for index, start in enumerate(range(0, num_teachers, init_chunk)):
-            stop = min(start + init_chunk, num_teachers)
-            bank._write_rows(0, start, initial_teacher_weights(
-                layout, stop - start, np.random.default_rng(seeds[index])))
+        last = first_teacher + num_teachers
+        for index in range(first_teacher // init_chunk, math.ceil(last / init_chunk)):
+            start = index * init_chunk                  # the whole run's init chunk ...
+            stop = min(start + init_chunk, total)
+            rows = initial_teacher_weights(layout, stop - start,
+                                           np.random.default_rng(seeds[index]))
+            keep = slice(max(start, first_teacher) - start, min(stop, last) - start)
+            bank._write_rows(0, max(start, first_teacher) - first_teacher, rows[keep])
         return bank
 
     def chunks(self, chunk_size: int) -> Iterator[tuple[int, int]]:

@@ -41,12 +41,12 @@ import numpy as np
 import tensorflow as tf
 
 from dclens import accounting, data, data_dependent, networks, teachers, topagg
-from dclens.bank_stream import ChunkStream
 from dclens.config import DataLensConfig, FakeRendering
 from dclens.draws import Draws, SeededDraws
 from dclens.fast_ensemble import FastTeacherEnsemble
 from dclens.profiling import PhaseTimer
 from dclens.rng import SeedTree, Stream
+from dclens.teacher_group import TeacherGroup
 
 #: Teacher ensemble implementations (same results within float32 round-off).
 ENSEMBLES = {"fast": FastTeacherEnsemble, "reference": teachers.TeacherEnsemble}
@@ -189,20 +189,23 @@ class DataLens:
         self.batch = min(train_cfg.batch_size, self.partition_size)
         self.steps_per_epoch = self.partition_size // self.batch
         layout = teachers.ParamLayout.for_shape(self.shape)
-        self.bank = teachers.TeacherBank.create(
-            layout, train_cfg.num_teachers, seed=self.seeds.integer(Stream.TEACHER_INIT),
-            directory=bank_dir, resident_rows=(
-                default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes)
-            // teachers.bank_bytes(layout, 1))
         ensemble_options = ({"conv_path": train_cfg.conv_path} if ensemble == "fast" else {})
         self.ensemble = ENSEMBLES[ensemble](self.shape, learning_rate=train_cfg.learning_rate,
                                             beta1=train_cfg.beta1, **ensemble_options)
+        self.topagg = topagg.TopAgg(config.topagg, num_teachers=train_cfg.num_teachers,
+                                    allow_no_noise=train_cfg.non_private, dim=self.shape.dim)
+        self.teachers = TeacherGroup(
+            config, self.images, self.labels, self.partitions, first=0,
+            total=train_cfg.num_teachers, bank_seed=self.seeds.integer(Stream.TEACHER_INIT),
+            ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
+            one_hot=self.one_hot, layout=layout, bank_dir=bank_dir,
+            resident_rows=(default_bank_ram_bytes() if bank_ram_bytes is None
+                           else bank_ram_bytes) // teachers.bank_bytes(layout, 1),
+            timer=self.timer, overlap_io=overlap_io)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT))
         self.student_optimizer = keras.optimizers.Adam(
             train_cfg.learning_rate, beta_1=train_cfg.beta1, epsilon=teachers.ADAM_EPSILON)
-        self.topagg = topagg.TopAgg(config.topagg, num_teachers=train_cfg.num_teachers,
-                                    allow_no_noise=train_cfg.non_private, dim=self.shape.dim)
         self.ledger = accounting.PrivacyLedger(
             delta=config.budget.delta, conversion=config.budget.conversion,
             orders=(accounting.classic_orders(config.budget.max_order)
@@ -274,22 +277,10 @@ class DataLens:
         one_hot = self.one_hot(labels)
         return self.generate(z, one_hot), one_hot
 
-    def _stream(self, *, with_adam: bool) -> ChunkStream:
-        return ChunkStream(self.bank, self.config.train.teacher_chunk, with_adam=with_adam,
-                           timer=self.timer, overlap=self.overlap_io)
-
-    def _chunk_votes(self, weights: tf.Tensor, start: int, images: tf.Tensor,
-                     labels: tf.Tensor, round_index: int) -> tf.Tensor:
-        """Summed votes int32 [B, D] of one chunk of teachers."""
-        with self.timer.phase("image_gradients"):
-            grads = self.ensemble.image_gradients(weights, images, labels)
-        with self.timer.phase("voting"):
-            uniforms = None
-            count = self.topagg.uniform_count(self.shape.dim)
-            if count:
-                flat = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
-                uniforms = self.draws.sign_uniforms(self.step, round_index, start, flat, count)
-            return self.topagg.vote_sum(grads, uniforms=uniforms)
+    @property
+    def bank(self) -> teachers.TeacherBank:
+        """The teachers' weights and Adam state (all of them: one in-process group)."""
+        return self.teachers.bank
 
     def train_teachers(self, fakes: tf.Tensor,
                        query: tuple[tf.Tensor, tf.Tensor] | None = None
@@ -302,44 +293,17 @@ class DataLens:
         train_cfg = self.config.train
         num_steps = (train_cfg.pretrain_teacher
                      if self.epoch == 0 and train_cfg.pretrain_teacher > 0 else train_cfg.d_step)
-        columns = self._slot_columns()
-        losses, total = [], None
-        with self._stream(with_adam=True) as stream:
-            for chunk in stream:
-                records = self.partitions[chunk.start:chunk.stop, columns]
-                real = tf.constant(self.images[records])
-                real_labels = self.labels[records]
-                fake = self._chunk_fakes(fakes, chunk.start, real_labels)
-                labels = self.one_hot(real_labels)
-                with self.timer.phase("teacher_training"):
-                    if getattr(self.ensemble, "can_train_in_place", None) and \
-                            self.ensemble.can_train_in_place(chunk.state):
-                        # the chunk's arrays are overwritten: no copy of the state in or out
-                        loss = self.ensemble.train_in_place(chunk.state, real, labels, fake,
-                                                            labels, num_steps=num_steps)
-                        state = chunk.state._replace(
-                            steps=np.asarray(chunk.state.steps) + num_steps)
-                    else:
-                        state, loss = self.ensemble.train(chunk.state, real, labels, fake,
-                                                          labels, num_steps=num_steps)
-                    losses.append(np.asarray(loss))
-                stream.write_back(chunk, state)
-                if query is not None:
-                    votes = self._chunk_votes(state.weights, chunk.start, *query, 0)
-                    total = votes if total is None else total + votes
-        return float(np.mean(np.concatenate(losses))), total
+        losses, total = self.teachers.train(
+            step=self.step, num_steps=num_steps, columns=self._slot_columns(),
+            chunk_fakes=lambda start, real_labels: self._chunk_fakes(fakes, start,
+                                                                     real_labels),
+            query=query)
+        return float(np.mean(losses)), total
 
     # ------------------------------------------------------------------ student
     def vote(self, images: tf.Tensor, labels: tf.Tensor, round_index: int) -> tf.Tensor:
         """Summed votes of all teachers for a fake batch (int32 [B, D])."""
-        total = None
-        with self._stream(with_adam=False) as stream:
-            for chunk in stream:
-                # the chunk's arrays stay valid until the next iteration: no copy needed
-                votes = self._chunk_votes(chunk.state.weights, chunk.start, images, labels,
-                                          round_index)
-                total = votes if total is None else total + votes
-        return total
+        return self.teachers.vote(images, labels, step=self.step, round_index=round_index)
 
     def noise(self, round_index: int, shape: tuple[int, int]) -> tf.Tensor:
         """The DP noise's standard normal draws of (noise_attempt, step, round).
