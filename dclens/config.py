@@ -206,7 +206,8 @@ class TopAggConfig:
 
     @property
     def accounting_proven(self) -> bool:
-        """False only for FetchSGD under the authors' (unproven) accounting."""
+        """False only for FetchSGD under the authors' (unproven) accounting (the
+        aggregation's part; :attr:`DataLensConfig.accounting_proven` adds the partition)."""
         return not (self.method is Aggregation.FETCHSGD
                     and self.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN)
 
@@ -285,8 +286,14 @@ class TrainConfig:
       learning_rate: Adam learning rate of teachers and student, and the step size of the
         voted update x_hat = x + learning_rate * g_bar.
       beta1: Adam's beta1 for teachers and student.
-      balanced_partition: the authors' ``--shuffle``: class-balanced disjoint partitions;
-        False = contiguous disjoint slices of the shuffled data.
+      balanced_partition: the authors' ``--shuffle``: class-balanced disjoint partitions.
+        **Not private as accounted:** which teacher a record goes to then depends on every
+        record's label (records are striped over teachers in label order), so replacing
+        one record can move many others to other teachers, and the 2 sqrt(k) sensitivity
+        (one record moves one teacher) no longer holds.  False (the default): teachers get
+        contiguous slices of a random permutation of the record *indices* (seeded by
+        ``partition_seed``, independent of the data), so replacing one record changes one
+        teacher's data and nothing else (:func:`dclens.data.index_partition`).
       partition_seed: seed of the partition of records to teachers.
       seed: seed of every other random draw (teacher/student initialisation, z, labels,
         stochastic sign, DP noise).  ``None`` draws it from OS entropy; a fixed seed makes
@@ -317,7 +324,7 @@ class TrainConfig:
     z_dim: int = 50
     learning_rate: float = 1e-3
     beta1: float = 0.5
-    balanced_partition: bool = True
+    balanced_partition: bool = False
     partition_seed: int = 0
     seed: int | None = None
     non_private: bool = False
@@ -380,6 +387,12 @@ class DataLensConfig:
             _require(self.topagg.sigma > 0,
                      f"sigma must be > 0 for a private run, got {self.topagg.sigma!r}; "
                      "pass --non_private to debug without noise (its output is not private)")
+
+    @property
+    def accounting_proven(self) -> bool:
+        """Whether the reported epsilon is a proven guarantee: the aggregation's accounting
+        is proven and the partition is data-independent (``balanced_partition`` off)."""
+        return self.topagg.accounting_proven and not self.train.balanced_partition
 
     def replace(self, **sections: Mapping[str, Any]) -> "DataLensConfig":
         """A copy with fields of sections replaced: ``cfg.replace(train={"epochs": 3})``."""

@@ -482,6 +482,11 @@ def partition(labels: np.ndarray, num_partitions: int, *, num_classes: int,
               seed: int) -> np.ndarray:
     """Split record indices into ``num_partitions`` disjoint, class-balanced parts.
 
+    **Data-dependent:** records are striped over the parts in label order, so replacing
+    one record can move many others to other parts.  A mechanism whose sensitivity counts
+    one part per record is not private on these parts; use :func:`index_partition`.  (The
+    authors' ``--shuffle``; kept for side-by-side runs.)
+
     Returns int64 [num_partitions, m] with m = len(labels) // num_partitions.
 
     Guarantees:
@@ -512,6 +517,21 @@ def partition(labels: np.ndarray, num_partitions: int, *, num_classes: int,
     by_class = kept[np.argsort(labels[kept], kind="stable")]
     striped = by_class.reshape(m, num_partitions).T  # element j -> partition j % T
     return np.ascontiguousarray(rng.permuted(striped, axis=1), dtype=np.int64)
+
+
+def index_partition(num_records: int, num_partitions: int, *, seed: int) -> np.ndarray:
+    """Disjoint partitions of a random permutation of the record *indices*, [N, m].
+
+    Which partition record i joins depends on i and ``seed`` only, never on the data, so
+    replacing one record changes exactly one partition's data (the unit of the teachers'
+    sensitivity argument).  The ``num_records - N * m`` leftover records are dropped.
+    """
+    m = num_records // num_partitions
+    if m < 1:
+        raise ValueError(f"more teachers ({num_partitions}) than records ({num_records}): "
+                         f"each partition would be empty; use at most {num_records} teachers")
+    order = np.random.default_rng(seed).permutation(num_records)
+    return order[:num_partitions * m].reshape(num_partitions, m).astype(np.int64)
 
 
 def check_partitions(partitions, *, num_records: int, num_teachers: int) -> np.ndarray:

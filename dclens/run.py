@@ -58,6 +58,14 @@ UNPROVEN_ACCOUNTING_WARNING = (
     "accounting_proven: false)")
 
 
+DATA_DEPENDENT_PARTITION_WARNING = (
+    "class-balanced partitions (--shuffle / balanced_partition, the authors'): a record's "
+    "teacher depends on every record's label, so replacing one record can move many "
+    "records between teachers and the 2 sqrt(k) sensitivity does not hold; the reported "
+    "epsilon is NOT a guarantee (privacy.json says accounting_proven: false). The default "
+    "partition (--noshuffle) is data-independent.")
+
+
 class TrainingDiverged(RuntimeError):
     """A loss became NaN or infinite; the run stopped at its last good checkpoint."""
 
@@ -101,7 +109,11 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "sigma": config.topagg.sigma,
         "topk": config.topagg.topk,
         "aggregation": config.topagg.method.value,
-        "accounting_proven": config.topagg.accounting_proven,
+        "accounting_proven": config.accounting_proven,
+        "partition": ("class_balanced (data-dependent: not covered by the sensitivity)"
+                      if config.train.balanced_partition else
+                      "index (a random permutation of record indices: data-independent)"),
+        "unit": "replacing one training record (it changes one teacher's partition)",
         # The mechanism's cached values (FetchSGD's come from its count sketch's hashes).
         "sensitivity": lens.topagg.sensitivity,
         "noise_multiplier": (lens.topagg.noise_multiplier
@@ -421,6 +433,8 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     seeded = config.train.seed is not None
     if not config.topagg.accounting_proven:
         log("warning: " + UNPROVEN_ACCOUNTING_WARNING)
+    if config.train.balanced_partition and not config.train.non_private:
+        log("warning: " + DATA_DEPENDENT_PARTITION_WARNING)
     if config.train.non_private:
         log(NOT_PRIVATE_WARNING)
     elif seeded:

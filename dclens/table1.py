@@ -52,6 +52,7 @@ class RunFacts:
     commit: str
     cpu: str
     generator_init: str
+    partition: str                            # "index" (proven) or "class-balanced"
     curves: dict[str, dict]                   # protocol key -> {"epoch": [...], "test": [...]}
 
 
@@ -91,6 +92,10 @@ def read_report(path: str) -> RunFacts:
         commit=(report["provenance"].get("commit") or "unknown")[:7],
         cpu=cpu,
         generator_init=report.get("generator_init") or "not recorded",
+        # Reports from before the index partition became the default used the authors'
+        # class-balanced one (the old default, recorded in their config).
+        partition=("class-balanced" if report.get("config", {}).get("train", {}).get(
+            "balanced_partition", True) else "index"),
         curves=curves)
 
 
@@ -120,20 +125,27 @@ def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:
 
 def summarise(runs: list[RunFacts]) -> list[dict]:
     """One dictionary per Table 1 row: its runs and each protocol's (n, mean, sd)."""
-    rows: dict[tuple[str, int], list[RunFacts]] = {}
+    rows: dict[tuple[str, int, str], list[RunFacts]] = {}
     for run in runs:
-        rows.setdefault((run.dataset, run.eps), []).append(run)
+        rows.setdefault((run.dataset, run.eps, run.partition), []).append(run)
     out = []
-    for (dataset, eps), members in sorted(rows.items()):
+    for (dataset, eps, partition), members in sorted(rows.items()):
         stats = {}
         for key, _ in PROTOCOLS:
             n, mean, sd = mean_sd(r.accuracy[key] for r in members
                                   if r.accuracy.get(key) is not None)
             stats[key] = {"n": n, "mean": mean, "sd": sd}
-        out.append({"dataset": dataset, "eps": eps, "paper": members[0].paper,
+        out.append({"dataset": dataset, "eps": eps, "partition": partition,
+                    "paper": members[0].paper,
                     "runs": [r.name for r in members], "protocols": stats,
                     "epsilon": mean_sd(r.epsilon for r in members if r.epsilon is not None)[1]})
     return out
+
+
+def _partition(kind: str) -> str:
+    if kind == "index":
+        return "index partition"
+    return "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"
 
 
 def _cell(stat: dict) -> str:
@@ -156,19 +168,21 @@ def render(runs: list[RunFacts], figure: str | None = None) -> str:
     lines = ["| row | paper (Table 1) | runs | " + " | ".join(h for _, h in PROTOCOLS) + " |",
              "|---" * (3 + len(PROTOCOLS)) + "|"]
     for row in summarise(runs):
-        lines.append(f"| {row['dataset']}, eps = {row['eps']} | {row['paper']:.4f} | "
+        lines.append(f"| {row['dataset']}, eps = {row['eps']}, {_partition(row['partition'])}"
+                     f" | {row['paper']:.4f} | "
                      f"{len(row['runs'])} | "
                      + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " |")
     lines += ["", "Mean +- sample standard deviation (ddof = 1) over the runs that finished the "
               "protocol; every run at the paper config with its own OS-entropy noise.", "",
               "| run (`results/...`) | epsilon (steps) | " + " | ".join(h for _, h in PROTOCOLS)
-              + " | generator init | commit | CPU |",
-              "|---" * (5 + len(PROTOCOLS)) + "|"]
+              + " | partition | generator init | commit | CPU |",
+              "|---" * (6 + len(PROTOCOLS)) + "|"]
     for run in runs:
         eps = "--" if run.epsilon is None else f"{run.epsilon:.4f} ({run.steps})"
         lines.append(f"| `{run.name}` | {eps} | "
                      + " | ".join(_value(run, k) for k, _ in PROTOCOLS)
-                     + f" | {run.generator_init} | `{run.commit}` | {run.cpu} |")
+                     + f" | {run.partition} | {run.generator_init} | `{run.commit}` | "
+                     f"{run.cpu} |")
     if figure:
         lines += ["", f"![real-test accuracy per classifier epoch, every protocol and run]"
                       f"({figure})"]

@@ -81,14 +81,9 @@ class StepRecord:
     epsilon_data_dependent_analysis: float | None = None
 
 
-def contiguous_partition(num_records: int, num_partitions: int, *, seed: int) -> np.ndarray:
-    """Disjoint partitions of a shuffled order (the authors' ``--noshuffle``), [N, m]."""
-    m = num_records // num_partitions
-    if m < 1:
-        raise ValueError(f"more teachers ({num_partitions}) than records ({num_records}): "
-                         f"each partition would be empty; use at most {num_records} teachers")
-    order = np.random.default_rng(seed).permutation(num_records)
-    return order[:num_partitions * m].reshape(num_partitions, m).astype(np.int64)
+#: Disjoint partitions of a shuffled order of the record indices (the default; the
+#: authors' ``--noshuffle``): :func:`dclens.data.index_partition`.
+contiguous_partition = data.index_partition
 
 
 def image_shape_of(spec: data.DatasetSpec) -> networks.ImageShape:

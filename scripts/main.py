@@ -130,7 +130,8 @@ def _default_note(flag: str) -> str:
     if flag == "max_grad":
         authors = 1e-5
     if flag == "shuffle":
-        authors = AUTHORS_DEFAULTS["shuffle"]
+        return (" [default: off, also with --dataset; the authors' default is on, which is "
+                "not private: see --shuffle]")
     if value == authors:
         return f" [default: {value}]"
     return f" [demo: {value}; with --dataset: {authors}]"
@@ -155,8 +156,10 @@ BOOLEAN_HELP = {
                     "data-independent bound is the ledger",
     "klevelsgd": "D2P-Fed: L-level stochastic quantisation of every coordinate, no top-k "
                  "(= --aggregation klevel; L = --klevel)",
-    "shuffle": "class-balanced disjoint partitions; --noshuffle: contiguous slices of the "
-               "shuffled data",
+    "shuffle": "the authors' class-balanced disjoint partitions: a record's teacher then "
+               "depends on every label, so the 2 sqrt(k) sensitivity does not hold and the "
+               "epsilon is NOT a guarantee (marked in privacy.json); --noshuffle (default): "
+               "slices of a random permutation of the record indices, data-independent",
     "non_private": "no noise and no budget: the output is NOT private (debugging only)",
     "pretrain": "load a pretrained generator (not implemented: refused; the authors' "
                 "--nopretrain is the default)",

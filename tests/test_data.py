@@ -444,6 +444,30 @@ def test_disjointness_check_catches_wraparound_bug() -> None:
         check_partition(buggy, labels, 10, 3)
 
 
+def _changed_parts(parts_a: np.ndarray, parts_b: np.ndarray) -> int:
+    """How many parts hold a different set of record indices."""
+    return sum(set(a) != set(b) for a, b in zip(parts_a.tolist(), parts_b.tolist()))
+
+
+def test_replacing_one_record_changes_one_index_part_but_many_class_balanced_parts() -> None:
+    """The unit of the teachers' sensitivity: replace record 7 by an adversarial one (its
+    label changes).  The index partition does not look at the data: the same parts, so
+    only the part holding record 7 sees a different record.  The class-balanced one
+    stripes records over parts in label order: the change shifts the records between
+    the two labels into other parts -- here most of the 50 parts change."""
+    from dclens.data import index_partition
+
+    labels = np.arange(600) % 10
+    swapped = labels.copy()
+    swapped[7] = 2                                   # label 7 -> 2
+    index_a, index_b = (index_partition(len(labels), 50, seed=3) for _ in range(2))
+    np.testing.assert_array_equal(index_a, index_b)  # data-independent: identical parts
+    assert int(np.sum(index_a == 7)) <= 1            # record 7 is in at most one part
+    balanced_a = partition(labels, 50, num_classes=10, seed=3)
+    balanced_b = partition(swapped, 50, num_classes=10, seed=3)
+    assert _changed_parts(balanced_a, balanced_b) > 25
+
+
 def test_partition_errors() -> None:
     labels = np.array([0, 1, 1, 0, 2])
     with pytest.raises(ValueError, match=r"more teachers \(6\) than records \(5\).*at most 5"):

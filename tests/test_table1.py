@@ -67,13 +67,31 @@ def test_mean_and_sample_sd_per_protocol_over_the_paper_config_runs(results):
     assert eps10["protocols"]["val"] == {"n": 1, "mean": 0.37, "sd": None}
 
 
+def test_runs_on_the_index_partition_form_their_own_row(results):
+    """A run on the (proven) index partition is not averaged with the class-balanced
+    runs, whose epsilon is not a proven guarantee; each row and run says which it is."""
+    report = _report("fmnist-eps1-index", 1, 0.5, 0.6)
+    report["config"] = {"train": {"balanced_partition": False}}
+    (results / "fmnist-eps1-index").mkdir()
+    (results / "fmnist-eps1-index" / "report.json").write_text(json.dumps(report))
+    rows = table1.summarise(table1.collect(str(results)))
+    by_partition = {(r["eps"], r["partition"]): r for r in rows}
+    assert by_partition[(1, "index")]["runs"] == ["fmnist-eps1-index"]
+    assert len(by_partition[(1, "class-balanced")]["runs"]) == 3
+    text = table1.render(table1.collect(str(results)))
+    assert "eps = 1, index partition |" in text
+    assert "class-balanced partition (the authors'; epsilon NOT a proven guarantee)" in text
+
+
 def test_markdown_lists_every_run_and_marks_unfinished_protocols(results):
     text = table1.render(table1.collect(str(results)), figure="table1.png")
-    assert "| fashion_mnist, eps = 1 | 0.6478 | 3 | 0.4000 +- 0.1000 (3 runs) |" in text
-    assert "| fashion_mnist, eps = 10 | 0.7061 | 1 | 0.3700 (1 run) |" in text
+    balanced = "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"
+    assert (f"| fashion_mnist, eps = 1, {balanced} | 0.6478 | 3 | 0.4000 +- 0.1000 "
+            f"(3 runs) |") in text
+    assert f"| fashion_mnist, eps = 10, {balanced} | 0.7061 | 1 | 0.3700 (1 run) |" in text
     assert "unfinished (2 of 4 epochs)" in text and "not run" in text
     assert "fmnist-eps1-t50" not in text
-    assert "| independent seed per layer | `abcdef0` | Test CPU |" in text
+    assert "| class-balanced | independent seed per layer | `abcdef0` | Test CPU |" in text
     for line in text.splitlines():
         if line.startswith("|---"):
             continue

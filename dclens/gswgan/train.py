@@ -1,7 +1,9 @@
 """GS-WGAN training (Chen et al. 2020; BASELINES.md 1.1): shards, warm-start, DP phase.
 
-1. **Shards.** The training records are split into N_D disjoint, class-balanced shards
-   (:func:`dclens.data.partition`, the partitioner of DataLens' teachers).
+1. **Shards.** The training records are split into N_D disjoint shards by a random
+   permutation of their indices (:func:`dclens.data.index_partition`): which shard a
+   record joins does not depend on the data, so replacing one record changes one shard
+   (a class-balanced split would move many records when one label changes).
 2. **Warm-start** (not private, and it need not be): each discriminator D_i is trained
    by plain WGAN-GP against its *own* fresh generator on shard i alone for
    ``warm_iterations`` iterations; the generator is thrown away.  D_i then depends on
@@ -60,10 +62,11 @@ def load_records(config: GswganConfig) -> data.LabeledImages:
 
 def shard_indices(labels: np.ndarray, config: GswganConfig, seeds: SeedTree,
                   num_classes: int) -> np.ndarray:
-    """[N_D, m] disjoint record indices, one row per discriminator."""
+    """[N_D, m] disjoint record indices, one row per discriminator (data-independent)."""
+    del num_classes
     config.check_data(len(labels))
-    return data.partition(labels, config.num_discriminators, num_classes=num_classes,
-                          seed=seeds.integer(Stream.DATA_SPLIT))
+    return data.index_partition(len(labels), config.num_discriminators,
+                                seed=seeds.integer(Stream.DATA_SPLIT))
 
 
 def new_generator(config: GswganConfig, num_classes: int, seeds: SeedTree, role: int,
