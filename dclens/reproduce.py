@@ -553,8 +553,11 @@ def rerender(out_dir: str, *, note: str | None = None,
     options = ReproduceOptions(**report["options"])
     config, report["deviations"] = build_config(options)
     report["paper_config"] = not report["deviations"]
+    machine = {k: report.get("scale", {}).get(k) for k in ("cpu_count", "memory_bytes")}
     report["scale"] = scale_facts(config, options, report["privacy"].get("steps"),
                                   report["seconds"].get("train"))
+    # The machine facts are the training machine's, not this one's.
+    report["scale"].update({k: v for k, v in machine.items() if v is not None})
     _write_report(report, out_dir)
     log(f"rewrote {os.path.join(out_dir, 'report.md')} from {path}")
     return report
@@ -693,6 +696,10 @@ def render_markdown(report: dict) -> str:
         if priv.get("reproducible_noise"):
             lines.append("The run used a fixed --seed: its DP noise is reproducible, so its "
                          "outputs must not be published as private.")
+        if r.get("config", {}).get("train", {}).get("balanced_partition", True):
+            lines.append("**The epsilon is not a proven guarantee:** the run used the "
+                         "class-balanced partition (the authors'), under which one replaced "
+                         "record can move many records between teachers (results/README.md).")
     else:
         lines.append(f"**NOT PRIVATE** (non-private run): {priv['steps']} steps, no noise, "
                      f"no budget.")
