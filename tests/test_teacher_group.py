@@ -88,3 +88,28 @@ def test_a_sub_range_bank_is_initialised_as_those_rows_of_the_whole_bank():
         np.testing.assert_array_equal(part.weights, whole.weights[first:stop])
     with pytest.raises(ValueError, match=r"teachers \[8, 12\) are not within a run of 10"):
         teachers.TeacherBank.create(layout, 4, seed=4, first_teacher=8, total_teachers=10)
+
+
+@pytest.mark.parametrize("teachers_, shards, chunk", [(8, 2, 2), (8, 3, 2), (4000, 7, 250),
+                                                      (10, 4, 3), (5, 5, 1)])
+def test_shard_plans_cover_the_run_at_chunk_boundaries(teachers_, shards, chunk):
+    from dclens.shards import plan_shards
+
+    plan = plan_shards(teachers_, shards, chunk)
+    assert [s.index for s in plan] == list(range(shards))
+    assert plan[0].first == 0 and plan[-1].stop == teachers_
+    assert all(a.stop == b.first for a, b in zip(plan, plan[1:]))       # contiguous
+    assert all(s.first % chunk == 0 and s.count >= 1 for s in plan)     # aligned, non-empty
+    sizes = [-(-s.count // chunk) for s in plan]                         # chunks per shard
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_plans_refuse_by_name():
+    from dclens.shards import ShardPlanError, plan_shards
+
+    with pytest.raises(ShardPlanError, match="--shards 9 is more than the 8 teachers"):
+        plan_shards(8, 9, 1)
+    with pytest.raises(ShardPlanError, match="more than the 4 chunks of --teacher_chunk 2"):
+        plan_shards(8, 5, 2)
+    with pytest.raises(ShardPlanError, match="shards = 0"):
+        plan_shards(8, 0, 2)
