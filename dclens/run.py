@@ -39,7 +39,7 @@ from dclens.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.config import DataLensConfig, SaveVotes
 from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
-from dclens.rundir import Mode, RunDirError, plan_run, set_aside
+from dclens.rundir import Mode, RunDirError, plan_run, root_seed as _saved_or_new_seed, set_aside
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
 
@@ -165,13 +165,7 @@ def _no_hook(point: str, step: int) -> None:
 
 def _root_seed(plan, config: DataLensConfig) -> int:
     """The run's root seed: saved (resume), else --seed, else fresh OS entropy."""
-    if plan.mode is Mode.RESUME and os.path.exists(plan.paths.seed):
-        with open(plan.paths.seed) as stream:
-            return int(json.load(stream)["root_seed"])
-    if plan.mode is Mode.RESUME and os.path.exists(plan.paths.journal):
-        raise RunDirError(f"{plan.paths.seed} is missing but {plan.paths.journal} records "
-                          "spends: the run cannot be resumed; pass --restart")
-    return config.train.seed if config.train.seed is not None else entropy_seed()
+    return _saved_or_new_seed(plan, config.train.seed)
 
 
 def _write_seed(plan, root_seed: int, seeded: bool) -> None:

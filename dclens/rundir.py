@@ -224,6 +224,31 @@ def plan_run(config, output_dir: str, *, restart: bool = False,
     return RunPlan(Mode.RESUME, paths)
 
 
+def root_seed(plan: RunPlan, seed: int | None) -> int:
+    """The run's root seed: the saved one when resuming, else ``seed`` (--seed), else fresh
+    OS entropy.  Refuses a resume whose seed file is gone but whose journal records spends
+    (its noise could not be drawn afresh consistently)."""
+    from dclens.rng import entropy_seed
+
+    resuming = plan.mode is Mode.RESUME
+    if resuming and os.path.exists(plan.paths.seed):
+        with open(plan.paths.seed, encoding="utf-8") as stream:
+            return int(json.load(stream)["root_seed"])
+    if resuming and os.path.exists(plan.paths.journal):
+        raise RunDirError(f"{plan.paths.seed} is missing but {plan.paths.journal} records "
+                          "spends: the run cannot be resumed; pass --restart")
+    return seed if seed is not None else entropy_seed()
+
+
+def differences_except(changeable: frozenset[str]):
+    """A ``differences_of`` for :func:`plan_run` over flat ``to_dict()`` configs that lets
+    the settings in ``changeable`` differ on resume."""
+    def differences(saved: dict[str, Any], config) -> list[tuple[str, Any, Any]]:
+        return [d for d in config_differences(saved, config.to_dict())
+                if d[0] not in changeable]
+    return differences
+
+
 def set_aside(output_dir: str) -> str:
     """Renames ``output_dir`` to ``<output_dir>.old-<timestamp>[-n]``; returns the new name."""
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -31,7 +31,6 @@ keeps the spends of the steps it redoes (``lost``), which then draw fresh noise.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -44,7 +43,7 @@ from dclens.checkpoint import CheckpointStore
 from dclens.dpsgd import gep as gep_lib
 from dclens.dpsgd import mechanisms, models
 from dclens.dpsgd.config import CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records
-from dclens.rng import SeedTree, Stream, entropy_seed
+from dclens.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
 
@@ -77,11 +76,6 @@ def split_records(images: np.ndarray, labels: np.ndarray, config: DpsgdConfig,
             size=(count, *images.shape[1:])).astype(images.dtype)
     return Split(images[private], labels[private], images[validation], labels[validation],
                  anchor_images, random_labels.astype(np.int64))
-
-
-def _differences(saved: dict, config: DpsgdConfig) -> list:
-    return [d for d in rundir.config_differences(saved, config.to_dict())
-            if d[0] not in CHANGEABLE_ON_RESUME]
 
 
 def steps_for(config: DpsgdConfig, private: int) -> int:
@@ -217,16 +211,6 @@ def batch_for(seeds: SeedTree, *, step: int, attempt: int, private: int,
     return mechanisms.poisson_batch(seeds.numpy(Stream.BATCH, attempt, step), private, rate)
 
 
-def _root_seed(paths: rundir.RunPaths, config: DpsgdConfig, resuming: bool) -> int:
-    if resuming and os.path.exists(paths.seed):
-        with open(paths.seed, encoding="utf-8") as stream:
-            return int(json.load(stream)["root_seed"])
-    if resuming and os.path.exists(paths.journal):
-        raise rundir.RunDirError(f"{paths.seed} is missing but {paths.journal} records spends: "
-                                 "the run cannot be resumed; pass --restart")
-    return config.seed if config.seed is not None else entropy_seed()
-
-
 def _no_hook(point: str, step: int) -> None:
     del point, step
 
@@ -244,12 +228,12 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     from dclens import evaluate
 
     started = time.perf_counter()
-    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=_differences)
+    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=rundir.differences_except(CHANGEABLE_ON_RESUME))
     if plan.set_aside:
         log(f"set the old run aside: {rundir.set_aside(run_dir)}")
     paths = plan.paths
     resuming = plan.mode is rundir.Mode.RESUME
-    root_seed = _root_seed(paths, config, resuming)
+    root_seed = rundir.root_seed(plan, config.seed)
     seeds = SeedTree(root_seed)
     records = dataset_records(config)
     test = evaluate.load_test(config.dataset, config.data_dir)

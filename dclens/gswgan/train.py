@@ -43,7 +43,7 @@ from dclens.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps
 from dclens.gswgan.config import CHANGEABLE_ON_RESUME, GswganConfig, GswganConfigError
-from dclens.rng import SeedTree, Stream, entropy_seed
+from dclens.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
 
@@ -329,11 +329,6 @@ def sample(generator, num_samples: int, num_classes: int, z_dim: int, seeds: See
     return np.clip(np.concatenate(images), 0.0, 1.0).astype(np.float32), labels
 
 
-def _differences(saved: dict, config: GswganConfig) -> list:
-    return [d for d in rundir.config_differences(saved, config.to_dict())
-            if d[0] not in CHANGEABLE_ON_RESUME]
-
-
 def noise_multiplier_for(config: GswganConfig) -> float:
     if config.sigma is not None:
         return config.sigma
@@ -341,16 +336,6 @@ def noise_multiplier_for(config: GswganConfig) -> float:
         accounting=config.accounting, target_epsilon=config.target_eps,
         num_discriminators=config.num_discriminators, batch_size=config.batch_size,
         iterations=config.iterations, delta=config.delta, conversion=config.conversion)
-
-
-def _root_seed(paths: rundir.RunPaths, config: GswganConfig, resuming: bool) -> int:
-    if resuming and os.path.exists(paths.seed):
-        with open(paths.seed, encoding="utf-8") as stream:
-            return int(json.load(stream)["root_seed"])
-    if resuming and os.path.exists(paths.journal):
-        raise rundir.RunDirError(f"{paths.seed} is missing but {paths.journal} records spends: "
-                                 "the run cannot be resumed; pass --restart")
-    return config.seed if config.seed is not None else entropy_seed()
 
 
 def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
@@ -364,12 +349,12 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     import tensorflow as tf
 
     started = time.perf_counter()
-    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=_differences)
+    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=rundir.differences_except(CHANGEABLE_ON_RESUME))
     if plan.set_aside:
         log(f"set the old run aside: {rundir.set_aside(run_dir)}")
     paths = plan.paths
     resuming = plan.mode is rundir.Mode.RESUME
-    root_seed = _root_seed(paths, config, resuming)
+    root_seed = rundir.root_seed(plan, config.seed)
     seeds = SeedTree(root_seed)
     records = load_records(config)
     num_classes = records.spec.num_classes
