@@ -240,6 +240,36 @@ def root_seed(plan: RunPlan, seed: int | None) -> int:
     return seed if seed is not None else entropy_seed()
 
 
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """Where a resumed loop stands: its step, curves, whether it had finished, and the
+    journaled spends the crash lost (still counted)."""
+
+    start: int
+    curves: list
+    finished: bool
+    lost: list
+
+
+def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> Restored:
+    """Loads the newest complete checkpoint of ``store`` (``load(checkpoint.load_array)``
+    restores the model) and marks the journal's spends after it as lost.  Refuses a
+    checkpoint written under another root seed.  No checkpoint: step 0, all spends lost."""
+    store.remove_partial()
+    latest = store.latest()
+    start, curves, entries, finished = 0, [], 0, False
+    if latest is not None:
+        if latest.state["root_seed"] != root_seed:
+            raise RunDirError(f"{latest.path} was written with another root seed than "
+                              f"{seed_path}: the run is damaged; --restart")
+        load(latest.load_array)
+        start, curves = latest.step, list(latest.state["curves"])
+        entries = latest.state["journal_entries"]
+        finished = bool(latest.state.get("finished"))
+    lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=start)
+    return Restored(start, curves, finished, lost)
+
+
 def differences_except(changeable: frozenset[str]):
     """A ``differences_of`` for :func:`plan_run` over flat ``to_dict()`` configs that lets
     the settings in ``changeable`` differ on resume."""

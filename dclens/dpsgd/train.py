@@ -268,21 +268,13 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
                                                       conversion=config.conversion)
         journal = journal_lib.PrivacyJournal(paths.journal, ledger)
         journal.write()
-        start, curves, entries, already_finished = 0, [], 0, False
+        start, curves, already_finished = 0, [], False
     else:
-        store.remove_partial()
         journal = journal_lib.PrivacyJournal.load(paths.journal)
-        latest = store.latest()
-        start, curves, entries, already_finished = 0, [], 0, False
-        if latest is not None:
-            if latest.state["root_seed"] != root_seed:
-                raise rundir.RunDirError(f"{latest.path} was written with another root seed "
-                                         f"than {paths.seed}: the run is damaged; --restart")
-            model.load(latest.load_array)
-            start, curves = latest.step, list(latest.state["curves"])
-            entries = latest.state["journal_entries"]
-            already_finished = bool(latest.state.get("finished"))
-        lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=start)
+        restored = rundir.restore_latest(store, journal, root_seed=root_seed,
+                                         seed_path=paths.seed, load=model.load)
+        start, curves, already_finished = restored.start, restored.curves, restored.finished
+        lost = restored.lost
         log(f"resuming at step {start}; the ledger counts {journal.queries} steps"
             + (f", {len(lost)} of them lost in the crash (still counted)" if lost else ""))
     ledger = journal.ledger

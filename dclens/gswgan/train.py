@@ -397,18 +397,10 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                       bar_enabled=progress, hook=hook)
     start, curves, already_finished = 0, [], False
     if resuming:
-        store.remove_partial()
-        latest = store.latest()
-        entries = 0
-        if latest is not None:
-            if latest.state["root_seed"] != root_seed:
-                raise rundir.RunDirError(f"{latest.path} was written with another root seed "
-                                         f"than {paths.seed}: the run is damaged; --restart")
-            nets.load(latest.load_array)
-            start, curves = latest.step, list(latest.state["curves"])
-            entries = latest.state["journal_entries"]
-            already_finished = bool(latest.state.get("finished"))
-        lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=start)
+        restored = rundir.restore_latest(store, journal, root_seed=root_seed,
+                                         seed_path=paths.seed, load=nets.load)
+        start, curves, already_finished = restored.start, restored.curves, restored.finished
+        lost = restored.lost
         log(f"resuming at iteration {start}; the ledger counts {journal.queries} spends"
             + (f", {len(lost)} iterations of them lost in the crash (still counted)"
                if lost else ""))
