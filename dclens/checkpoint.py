@@ -185,7 +185,17 @@ class CheckpointStore:
         complete = self._complete()
         if not complete:
             return None
-        step, path = complete[-1]
+        return self._read(*complete[-1])
+
+    def at(self, step: int) -> Checkpoint | None:
+        """The complete checkpoint of ``step``, or None."""
+        for saved, path in self._complete():
+            if saved == step:
+                return self._read(saved, path)
+        return None
+
+    @staticmethod
+    def _read(step: int, path: str) -> Checkpoint:
         state_path = os.path.join(path, STATE_FILE)
         try:
             with open(state_path) as stream:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import tensorflow as tf
 
 from dclens.rng import SeedTree, Stream
@@ -67,14 +68,17 @@ class SeededDraws:
             (batch,), seed=self.seeds.tf_seed(Stream.QUERY_LABELS, step, round_index),
             minval=0, maxval=num_classes, dtype=tf.int32)
 
+    def sign_key(self, step: int, round_index: int, first_teacher: int) -> np.ndarray:
+        """The stochastic-sign key (int64 [2]) of the chunk starting at ``first_teacher``.
+
+        It is all a process holding those teachers needs to draw their uniforms
+        (:class:`KeyedSignDraws`); it reveals nothing of the DP noise's keys."""
+        return self.seeds.tf_seed(Stream.STOCHASTIC_SIGN, step, round_index,
+                                  first_teacher).numpy()
+
     def sign_uniforms(self, step: int, round_index: int, first_teacher: int,
                       grads: tf.Tensor, count: int) -> tf.Tensor:
-        # Drawn directly in the order they are used: i.i.d. uniforms need no coordinate
-        # identity.
-        return tf.random.stateless_uniform(
-            (grads.shape[0], grads.shape[1], count),
-            seed=self.seeds.tf_seed(Stream.STOCHASTIC_SIGN, step, round_index, first_teacher),
-            dtype=tf.float32)
+        return uniforms_for_key(self.sign_key(step, round_index, first_teacher), grads, count)
 
     def noise_seed(self, attempt: int, step: int, round_index: int) -> tf.Tensor:
         """The DP noise key of (attempt, step, round)."""
@@ -84,3 +88,40 @@ class SeededDraws:
                  shape: tuple[int, int]) -> tf.Tensor:
         return tf.random.stateless_normal(shape, seed=self.noise_seed(attempt, step, round_index),
                                           dtype=tf.float32)
+
+
+def uniforms_for_key(key: np.ndarray, grads: tf.Tensor, count: int) -> tf.Tensor:
+    """U[0, 1) float32 [T, B, count] of one chunk from its stochastic-sign key.
+
+    Drawn directly in the order they are used: i.i.d. uniforms need no coordinate identity.
+    """
+    return tf.random.stateless_uniform((grads.shape[0], grads.shape[1], count),
+                                       seed=tf.constant(key, tf.int64), dtype=tf.float32)
+
+
+class KeyedSignDraws:
+    """The draws of a process that holds some teachers but not the run's root seed (a
+    shard worker, :mod:`dclens.sharded`): the stochastic-sign uniforms only, from keys
+    the driver sends with each call (:meth:`SeededDraws.sign_key`), so the uniforms equal
+    the in-process run's bit for bit.  Every other draw belongs to the driver."""
+
+    def __init__(self):
+        self.keys: dict[int, np.ndarray] = {}
+
+    def use(self, keys: dict[int, np.ndarray]) -> None:
+        """The keys of the current call, by the first (run) teacher of each chunk."""
+        self.keys = dict(keys)
+
+    def sign_uniforms(self, step: int, round_index: int, first_teacher: int,
+                      grads: tf.Tensor, count: int) -> tf.Tensor:
+        del step, round_index   # the driver's keys are for the current call's round
+        if first_teacher not in self.keys:
+            raise KeyError(f"no stochastic-sign key was sent for the chunk of teachers "
+                           f"starting at {first_teacher} (sent: {sorted(self.keys)})")
+        return uniforms_for_key(self.keys[first_teacher], grads, count)
+
+    def _driver_only(self, *args, **kwargs):
+        raise RuntimeError("a shard worker draws only stochastic-sign uniforms; latents, "
+                           "query labels and DP noise are drawn by the driver")
+
+    latent = query_labels = dp_noise = _driver_only

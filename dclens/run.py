@@ -238,8 +238,11 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
                      log: Callable[[str], None]) -> None:
     state = {"root_seed": lens.root_seed, "curve": curve,
              "journal_entries": len(journal.entries), "ledger": lens.ledger.state_dict(),
-             "finished": finished, "stop_reason": stop_reason}
+             "finished": finished, "stop_reason": stop_reason,
+             "shards": len(lens.teachers.plan) if lens.sharded else 0}
     try:
+        if lens.sharded:    # every shard's teachers first: the driver's commit implies them
+            lens.teachers.save(lens.step)
         store.save(lens.step, lens.state_arrays(), state,
                    before_commit=lambda: hook("checkpoint_before_commit", lens.step))
     except CheckpointSpaceError as error:
@@ -391,7 +394,9 @@ class _LazySummaryWriter:
 
 def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
               log: Callable[[str], None] = print, restart: bool = False,
-              checkpoint_every: int = 10, fault_hook: FaultHook | None = None) -> RunSummary:
+              checkpoint_every: int = 10, fault_hook: FaultHook | None = None,
+              shards: int | None = None, ray_address: str | None = None,
+              shard_backend: str = "ray") -> RunSummary:
     """Trains DataLens with ``config`` into ``output_dir``, resuming the run already there.
 
     Args:
@@ -402,16 +407,18 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
       restart: set an existing run aside (renamed, never deleted) and start over.
       checkpoint_every: generator steps between checkpoints (also one at the end).
       fault_hook: see :data:`FaultHook` (tests only).
+      shards, ray_address, shard_backend: hold the teachers in ``shards`` workers (Ray
+        actors on the cluster at ``ray_address``, a local one if None; ``shard_backend``
+        ``"inprocess"`` runs the same workers in this process) instead of in this
+        process: bit for bit the same run (:mod:`dclens.sharded`).  None: in-process.
+        A run resumes only with the number of shards it was trained with.
 
     Raises:
       RunDirError: the directory cannot be used (nothing is changed).
       TrainingDiverged: a loss became NaN/inf; the ledger and the last good checkpoint are
         kept and the outputs are not written.
     """
-    import tensorflow as tf
-
-    from dclens import teacher_conv
-    from dclens.train import BudgetExhausted, DataLens, bank_location
+    from dclens.train import DataLens, bank_location
 
     if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
@@ -433,6 +440,10 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         log(NOT_PRIVATE_WARNING)
     elif seeded:
         log("warning: " + REPRODUCIBLE_NOISE_WARNING)
+    if shards is not None:      # a bad --shards is refused before the data load
+        from dclens.shards import plan_shards
+
+        plan_shards(config.train.num_teachers, shards, config.train.teacher_chunk)
     dataset = load_training_data(config)
     plan = plan_run(config, output_dir, restart=restart)  # again: another run may have begun
     root_seed = _root_seed(plan, config)
@@ -440,9 +451,53 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         moved = set_aside(plan.paths.root)
         log(f"--restart: the previous run was moved to {moved} (nothing deleted)")
     # A bank larger than half the RAM lives on disk inside the run (streamed chunk by chunk).
-    lens = DataLens(config, dataset, root_seed=root_seed, bank_dir=bank_location(
-        config, os.path.join(plan.paths.checkpoints, "bank")))
     store = CheckpointStore(plan.paths.checkpoints)
+    if plan.mode is not Mode.FRESH:        # refuse another shard count before starting any
+        _check_shards(store, shards or 0)
+    shard_options = None
+    if shards is not None:
+        from dclens.sharded import ShardOptions
+
+        shard_options = ShardOptions(shards, plan.paths.checkpoints, backend=shard_backend,
+                                     ray_address=ray_address)
+        log(f"starting {shards} shard worker(s) ({shard_backend}"
+            + (f", Ray at {ray_address}" if ray_address else "") + ")")
+    lens = DataLens(config, dataset, root_seed=root_seed, shards=shard_options,
+                    bank_dir=bank_location(config,
+                                           os.path.join(plan.paths.checkpoints, "bank")))
+    try:
+        return _train_lens(config, output_dir, plan, dataset, lens, store, root_seed, seeded,
+                           started, progress=progress, log=log,
+                           checkpoint_every=checkpoint_every, hook=hook)
+    finally:
+        if lens.sharded:
+            lens.teachers.close()
+
+
+def _check_shards(store: CheckpointStore, shards: int) -> None:
+    """Refuses to resume a run with another number of shards than it was trained with
+    (0: in-process): its teachers' checkpoints are cut by shard."""
+    latest = store.latest()
+    if latest is None:
+        return
+    saved = int(latest.state.get("shards", 0))
+    if saved != shards:
+        def name(count: int) -> str:
+            return f"--shards {count}" if count else "no --shards (in-process teachers)"
+        raise RunDirError(f"{latest.path} was trained with {name(saved)}; resume it with "
+                          f"{name(saved)} (not {name(shards)}), or --restart")
+
+
+def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset, lens, store,
+                root_seed: int, seeded: bool, started: float, *, progress: bool,
+                log: Callable[[str], None], checkpoint_every: int, hook: FaultHook
+                ) -> RunSummary:
+    """The body of :func:`train_run` once ``lens`` exists."""
+    import tensorflow as tf
+
+    from dclens import teacher_conv
+    from dclens.train import BudgetExhausted
+
     resumed_from, finished = None, False
     if plan.mode is Mode.FRESH:
         _begin_fresh(plan, config, dataset, lens, root_seed)

@@ -31,6 +31,24 @@ from dclens.draws import Draws
 from dclens.profiling import PhaseTimer
 
 
+class ClassGridFakes:
+    """Teachers' fake batches from the class grid (``FakeRendering.CLASS_GRID``).
+
+    ``grid`` is G(z_j, c) for every class c, [K, B, H, W, C]; teacher i's fake image j is
+    entry (y_ij, j), y_ij the label of its j-th real record.  Called as
+    ``fakes(first_teacher, real_labels [T, B])`` -> [T, B, H, W, C].  The grid depends on
+    the generator and z only, so it is what a shard worker is sent (not per-teacher fakes).
+    """
+
+    def __init__(self, grid):
+        self.grid = grid
+
+    def __call__(self, first_teacher: int, real_labels: np.ndarray) -> tf.Tensor:
+        del first_teacher
+        position = np.broadcast_to(np.arange(real_labels.shape[1]), real_labels.shape)
+        return tf.gather_nd(self.grid, tf.stack([real_labels, position], axis=-1))
+
+
 class TeacherGroup:
     """Teachers [first, first + count) of a run (module docstring).
 

@@ -46,7 +46,7 @@ from dclens.draws import Draws, SeededDraws
 from dclens.fast_ensemble import FastTeacherEnsemble
 from dclens.profiling import PhaseTimer
 from dclens.rng import SeedTree, Stream
-from dclens.teacher_group import TeacherGroup
+from dclens.teacher_group import ClassGridFakes, TeacherGroup
 
 #: Teacher ensemble implementations (same results within float32 round-off).
 ENSEMBLES = {"fast": FastTeacherEnsemble, "reference": teachers.TeacherEnsemble}
@@ -113,6 +113,42 @@ def bank_location(config: DataLensConfig, directory: str, *,
         else directory
 
 
+def run_partitions(config: DataLensConfig, labels: np.ndarray, num_classes: int
+                   ) -> np.ndarray:
+    """The config's teacher partitions, int [num_teachers, m] indices into the records
+    (index partition by default, class-balanced with ``balanced_partition``)."""
+    train_cfg = config.train
+    if train_cfg.balanced_partition:
+        return data.partition(labels, train_cfg.num_teachers, num_classes=num_classes,
+                              seed=train_cfg.partition_seed)
+    return contiguous_partition(len(labels), train_cfg.num_teachers,
+                                seed=train_cfg.partition_seed)
+
+
+def build_ensemble(config: DataLensConfig, shape: networks.ImageShape, ensemble: str):
+    """The teacher ensemble implementation named ``ensemble`` (see :data:`ENSEMBLES`)."""
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"unknown ensemble {ensemble!r}; use one of {sorted(ENSEMBLES)}")
+    train_cfg = config.train
+    options = {"conv_path": train_cfg.conv_path} if ensemble == "fast" else {}
+    return ENSEMBLES[ensemble](shape, learning_rate=train_cfg.learning_rate,
+                               beta1=train_cfg.beta1, **options)
+
+
+def build_topagg(config: DataLensConfig, shape: networks.ImageShape) -> topagg.TopAgg:
+    """The run's aggregation mechanism."""
+    return topagg.TopAgg(config.topagg, num_teachers=config.train.num_teachers,
+                         allow_no_noise=config.train.non_private, dim=shape.dim)
+
+
+def resident_rows(shape: networks.ImageShape, bank_ram_bytes: int | None) -> int:
+    """Teachers whose state fits in ``bank_ram_bytes`` (default
+    :func:`default_bank_ram_bytes`): the rows of a disk bank kept in RAM."""
+    layout = teachers.ParamLayout.for_shape(shape)
+    budget = default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes
+    return budget // teachers.bank_bytes(layout, 1)
+
+
 class DataLens:
     """The state of a DataLens run: data partitions, teacher bank, student, ledger.
 
@@ -140,6 +176,8 @@ class DataLens:
         noise known to its author: not private.
       observer: told about every released round, after its release
         (:class:`RoundObserver`): images, labels, the summed votes and the result.
+      shards: hold the teachers in shard workers (Ray actors or in-process workers,
+        :mod:`dclens.sharded`) instead of in this process; same results bit for bit.
     """
 
     def __init__(self, config: DataLensConfig, dataset: data.LabeledImages, *,
@@ -150,9 +188,8 @@ class DataLens:
                  timer: PhaseTimer | None = None,
                  partitions: np.ndarray | None = None,
                  draws: Draws | None = None,
-                 observer: RoundObserver | None = None):
-        if ensemble not in ENSEMBLES:
-            raise ValueError(f"unknown ensemble {ensemble!r}; use one of {sorted(ENSEMBLES)}")
+                 observer: RoundObserver | None = None,
+                 shards: "sharded.ShardOptions | None" = None):
         train_cfg = config.train
         self.timer = timer if timer is not None else PhaseTimer()
         self.overlap_io = overlap_io
@@ -173,30 +210,34 @@ class DataLens:
         if partitions is not None:
             self.partitions = data.check_partitions(partitions, num_records=len(dataset.labels),
                                                     num_teachers=train_cfg.num_teachers)
-        elif train_cfg.balanced_partition:
-            self.partitions = data.partition(dataset.labels, train_cfg.num_teachers,
-                                             num_classes=self.shape.num_classes,
-                                             seed=train_cfg.partition_seed)
         else:
-            self.partitions = contiguous_partition(len(dataset.labels), train_cfg.num_teachers,
-                                                   seed=train_cfg.partition_seed)
+            self.partitions = run_partitions(config, dataset.labels, self.shape.num_classes)
         self.partition_size = self.partitions.shape[1]
         self.batch = min(train_cfg.batch_size, self.partition_size)
         self.steps_per_epoch = self.partition_size // self.batch
-        layout = teachers.ParamLayout.for_shape(self.shape)
-        ensemble_options = ({"conv_path": train_cfg.conv_path} if ensemble == "fast" else {})
-        self.ensemble = ENSEMBLES[ensemble](self.shape, learning_rate=train_cfg.learning_rate,
-                                            beta1=train_cfg.beta1, **ensemble_options)
-        self.topagg = topagg.TopAgg(config.topagg, num_teachers=train_cfg.num_teachers,
-                                    allow_no_noise=train_cfg.non_private, dim=self.shape.dim)
-        self.teachers = TeacherGroup(
-            config, self.images, self.labels, self.partitions, first=0,
-            total=train_cfg.num_teachers, bank_seed=self.seeds.integer(Stream.TEACHER_INIT),
-            ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
-            one_hot=self.one_hot, layout=layout, bank_dir=bank_dir,
-            resident_rows=(default_bank_ram_bytes() if bank_ram_bytes is None
-                           else bank_ram_bytes) // teachers.bank_bytes(layout, 1),
-            timer=self.timer, overlap_io=overlap_io)
+        self.ensemble = build_ensemble(config, self.shape, ensemble)
+        self.topagg = build_topagg(config, self.shape)
+        if shards is None:
+            self.teachers = TeacherGroup(
+                config, self.images, self.labels, self.partitions, first=0,
+                total=train_cfg.num_teachers,
+                bank_seed=self.seeds.integer(Stream.TEACHER_INIT),
+                ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
+                one_hot=self.one_hot, layout=teachers.ParamLayout.for_shape(self.shape),
+                bank_dir=bank_dir, resident_rows=resident_rows(self.shape, bank_ram_bytes),
+                timer=self.timer, overlap_io=overlap_io)
+        else:
+            from dclens import sharded  # pylint: disable=import-outside-toplevel
+
+            if partitions is not None or draws is not None:
+                raise ValueError("a sharded run takes its partitions and draws from the "
+                                 "config and the root seed (each worker partitions its own "
+                                 "node's data); explicit partitions or draws need the "
+                                 "in-process teachers (no --shards)")
+            self.teachers = sharded.ShardedTeachers.launch(
+                shards, config, bank_seed=self.seeds.integer(Stream.TEACHER_INIT),
+                draws=self.draws, uniform_count=self.topagg.uniform_count(self.shape.dim),
+                ensemble=ensemble, bank_ram_bytes=bank_ram_bytes)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT))
         self.student_optimizer = keras.optimizers.Adam(
@@ -259,11 +300,9 @@ class DataLens:
 
     def _chunk_fakes(self, fakes: tf.Tensor, start: int, real_labels: np.ndarray
                      ) -> tf.Tensor:
-        """Teachers' fake batches [T, B, H, W, C] of a chunk from :meth:`teacher_fakes`."""
-        if self.config.train.fake_rendering is FakeRendering.TEACHER_LABELS:
-            return tf.gather(fakes, self._fake_sequence[start:start + len(real_labels)])
-        position = np.broadcast_to(np.arange(self.batch), real_labels.shape)
-        return tf.gather_nd(fakes, tf.stack([real_labels, position], axis=-1))
+        """``teacher_labels``: teachers' fake batches [T, B, H, W, C] of a chunk from
+        :meth:`teacher_fakes` (``class_grid``: :class:`ClassGridFakes`)."""
+        return tf.gather(fakes, self._fake_sequence[start:start + len(real_labels)])
 
     def query(self, z: tf.Tensor, round_index: int) -> tuple[tf.Tensor, tf.Tensor]:
         """A round's fake batch: (images G(z, y) [B, H, W, C], one-hot y [B, K])."""
@@ -273,8 +312,16 @@ class DataLens:
         return self.generate(z, one_hot), one_hot
 
     @property
+    def sharded(self) -> bool:
+        """Whether the teachers live in shard workers (:mod:`dclens.sharded`)."""
+        return not isinstance(self.teachers, TeacherGroup)
+
+    @property
     def bank(self) -> teachers.TeacherBank:
         """The teachers' weights and Adam state (all of them: one in-process group)."""
+        if self.sharded:
+            raise AttributeError("the teachers of a sharded run live in its shard workers; "
+                                 "their state is in the per-shard checkpoints")
         return self.teachers.bank
 
     def train_teachers(self, fakes: tf.Tensor,
@@ -288,11 +335,14 @@ class DataLens:
         train_cfg = self.config.train
         num_steps = (train_cfg.pretrain_teacher
                      if self.epoch == 0 and train_cfg.pretrain_teacher > 0 else train_cfg.d_step)
+        if self.config.train.fake_rendering is FakeRendering.TEACHER_LABELS:
+            chunk_fakes = lambda start, real_labels: self._chunk_fakes(  # noqa: E731
+                fakes, start, real_labels)
+        else:
+            chunk_fakes = ClassGridFakes(fakes)
         losses, total = self.teachers.train(
             step=self.step, num_steps=num_steps, columns=self._slot_columns(),
-            chunk_fakes=lambda start, real_labels: self._chunk_fakes(fakes, start,
-                                                                     real_labels),
-            query=query)
+            chunk_fakes=chunk_fakes, query=query)
         return float(np.mean(losses)), total
 
     # ------------------------------------------------------------------ student
@@ -398,8 +448,9 @@ class DataLens:
         batch-norm statistics) and the student optimizer's variables (incl. its iteration
         counter), in their fixed creation order.
         """
-        arrays = {"teachers_weights": self.bank.weights, "teachers_adam_m": self.bank.adam_m,
-                  "teachers_adam_v": self.bank.adam_v, "teachers_steps": self.bank.steps}
+        arrays = {} if self.sharded else {
+            "teachers_weights": self.bank.weights, "teachers_adam_m": self.bank.adam_m,
+            "teachers_adam_v": self.bank.adam_v, "teachers_steps": self.bank.steps}
         for i, variable in enumerate(self.generator.weights):
             arrays[f"generator_{i:03d}"] = variable.numpy()
         if self.student_optimizer.built:
@@ -414,10 +465,15 @@ class DataLens:
         """Restores :meth:`state_arrays` (``load(name)`` reads one) and sets the step.
 
         Teacher arrays are copied into the bank in slices, so ``load`` may return memory
-        maps (a disk-backed bank larger than RAM is restored without being resident).
+        maps (a disk-backed bank larger than RAM is restored without being resident).  A
+        sharded run's workers load their own shard's checkpoint of ``step``.
         """
-        for name, field in (("teachers_weights", "weights"), ("teachers_adam_m", "adam_m"),
-                            ("teachers_adam_v", "adam_v"), ("teachers_steps", "steps")):
+        teacher_arrays = (("teachers_weights", "weights"), ("teachers_adam_m", "adam_m"),
+                          ("teachers_adam_v", "adam_v"), ("teachers_steps", "steps"))
+        if self.sharded:
+            self.teachers.load(step)
+            teacher_arrays = ()
+        for name, field in teacher_arrays:
             array = load(name)
             target = getattr(self.bank, field)
             if array.shape != target.shape:

@@ -238,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the teachers' fake batches: class_grid renders each class once per step "
         "(K*B images); teacher_labels renders G(z, y_i) per teacher label sequence as the "
         "authors do (batch-norm statistics over B images)")
+    add("--shards", type=int, help="split the teachers into this many contiguous shards, "
+        "one Ray actor each (same results bit for bit; each actor reads the dataset from "
+        "its own node's disk) [default: none: the teachers stay in this process]")
+    add("--ray_address", help="with --shards: the Ray cluster to join (host:port or auto; "
+        "start one with `ray start --head`) [default: a local Ray cluster]")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (one is also written at the end) [default: 10]")
     for name in BOOLEAN_FLAGS:
@@ -373,10 +378,14 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         parser.error(str(error))
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint_every must be >= 1, got {args.checkpoint_every}")
+    if args.ray_address is not None and args.shards is None:
+        parser.error(f"--ray_address {args.ray_address} needs --shards N (the teachers are "
+                     "split over N Ray actors)")
     tf_env.import_tensorflow_quietly()
     from dclens import data, run
     from dclens.checkpoint import CheckpointError
     from dclens.journal import JournalError
+    from dclens.sharded import ShardError
     from dclens.teachers import BankSpaceError
 
     try:
@@ -388,12 +397,13 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
             print(f"dclens: training with preset {preset_name!r} (flags override it); "
                   f"the resolved config goes to {os.path.join(output_dir, 'config.json')}")
             run.train_run(config, output_dir, progress=not args.quiet, restart=args.restart,
-                          checkpoint_every=args.checkpoint_every, fault_hook=fault_hook)
+                          checkpoint_every=args.checkpoint_every, fault_hook=fault_hook,
+                          shards=args.shards, ray_address=args.ray_address)
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")
             run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed)
     except (data.DataError, run.RunDirError, JournalError, CheckpointError, BankSpaceError,
-            ValueError) as error:
+            ShardError, ValueError) as error:
         print(f"main.py: error: {error}", file=sys.stderr)
         return 2
     except run.TrainingDiverged as error:

@@ -21,6 +21,7 @@ from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRender
                            TopAggConfig, TrainConfig)
 from dclens.draws import SeededDraws
 from dclens.rng import SeedTree
+from dclens.teacher_group import ClassGridFakes
 from dclens.train import DataLens
 
 TEACHERS, RECORDS, BATCH = 4, 10, 5
@@ -204,7 +205,7 @@ def test_teacher_label_rendering_equals_one_generator_call_per_teacher():
         np.testing.assert_allclose(got[i], want, rtol=0, atol=1e-6)
     # Statistics over B images, not over the class grid's K*B: the renderings differ.
     grid = DataLens(_config(), _dataset(), root_seed=6)
-    grid_fakes = grid._chunk_fakes(grid.teacher_fakes(z), 0, real_labels).numpy()
+    grid_fakes = ClassGridFakes(grid.teacher_fakes(z))(0, real_labels).numpy()
     assert np.max(np.abs(grid_fakes - got)) > 1e-4
 
 

@@ -15,7 +15,7 @@ from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, TopAggConf
                            TrainConfig)
 from dclens.profiling import PhaseTimer
 from dclens.rng import Stream
-from dclens.teacher_group import TeacherGroup
+from dclens.teacher_group import ClassGridFakes, TeacherGroup
 from dclens.train import DataLens
 
 TEACHERS, CHUNK = 8, 2
@@ -51,8 +51,7 @@ def test_groups_split_at_chunk_boundaries_sum_to_the_whole_run(stochastic):
     fakes = lens.teacher_fakes(z)
     images, one_hot = lens.query(z, 0)
 
-    def chunk_fakes(start, real_labels):
-        return lens._chunk_fakes(fakes, start, real_labels)
+    chunk_fakes = ClassGridFakes(fakes)
 
     loss, fused = lens.train_teachers(fakes, (images, one_hot))
     parts = [g.train(step=0, num_steps=2, columns=lens._slot_columns(),

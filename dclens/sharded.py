@@ -1,0 +1,456 @@
+"""A DataLens run's teachers in shard workers: Ray actors, one per contiguous shard.
+
+The teachers of a run split into S contiguous shards of whole chunks
+(:func:`dclens.shards.plan_shards`).  Each shard lives in one :class:`ShardWorker`: it loads
+the private training split from *its own node's disk*, partitions it with the run's
+(data-independent, seeded) partitioner, keeps only the records of its own partitions, and
+holds its teachers' weights and Adam state (a :class:`dclens.teacher_group.TeacherGroup`,
+in RAM or a disk bank as the in-process run would).  The driver
+(:class:`ShardedTeachers`) is the rest of :class:`dclens.train.DataLens`: generator,
+ledger, journal, noise.
+
+What crosses between driver and workers, per generator step:
+
+* driver -> worker: the class grid G(z_j, c) [K, B, H, W, C] (float32) for the teachers'
+  fake batches, each round's query batch (images [B, H, W, C], one-hot labels [B, K]),
+  the step and round, and the stochastic-sign key (int64 [2]) of each of the worker's
+  chunks (:meth:`dclens.draws.SeededDraws.sign_key`).  Nothing private: the generator's
+  output and public randomness.
+* worker -> driver: the shard's summed votes (int32 [B, D]) per round, and its teachers'
+  losses once per step (a private diagnostic that the in-process run also computes; it
+  goes to TensorBoard only).
+
+**Privacy.**  No record and no single teacher's vote leaves a worker; the driver sees only
+sums over a shard's teachers, exactly the partial sums the in-process run adds up.  The
+DP noise is drawn once, on the driver, after the round's spend is journaled (as
+in-process); workers never see the run's root seed, so they cannot derive the noise.
+Replacing one training record changes one teacher, hence one shard's partial sum, hence
+the total by at most the mechanism's sensitivity: the accounting is the in-process one.
+
+**Equality.**  Integer vote sums add exactly in any order, every draw is keyed by run-
+global teacher indices (the teachers' initial weights by teacher, the sign uniforms by
+the first teacher of each chunk), so a sharded run gives bit for bit the in-process run's
+votes, generator, samples and epsilon curve (tests/test_sharded.py).
+
+**Faults.**  If a worker dies or fails, :class:`ShardError` is raised before anything of
+the current round is released; every spend journaled so far stays in the ledger, and the
+same command resumes from the last checkpoint (steps redone draw fresh noise, the lost
+spends stay counted: :mod:`dclens.journal`).  Checkpoints are per shard: each worker writes
+its own teachers atomically (:class:`dclens.checkpoint.CheckpointStore`, keeping two, so
+the driver's latest checkpoint always has its shards' match); the driver commits its own
+checkpoint only after every shard has.
+
+Backends: :class:`RayBackend` (one actor per shard, ``ray.init(address)``: a local
+cluster by default, ``ray start --head`` / ``--ray_address`` for a real one) and
+:class:`InProcessBackend` (the workers in this process, one after the other: the same code
+path without Ray, for tests and debugging).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from dclens.shards import Shard, ShardPlanError, plan_shards
+
+__all__ = ["ShardError", "ShardOptions", "ShardSetup", "ShardWorker", "ShardedTeachers",
+           "InProcessBackend", "RayBackend", "ShardPlanError"]
+
+SHARDS_FOLDER = "shards"
+
+
+class ShardError(RuntimeError):
+    """A shard worker cannot be started or failed; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOptions:
+    """How a run's teachers are sharded.
+
+    Attributes:
+      shards: number of shards (workers), >= 1.
+      checkpoint_dir: the run's checkpoint folder; shard s keeps its checkpoints in
+        ``<checkpoint_dir>/shards/shard-<s>`` and, if its teachers do not fit in half its
+        node's RAM, its disk bank in ``.../bank``.  On a multi-node cluster the path must
+        be writable on every node (a shared file system, or the same path on local disks).
+      backend: ``"ray"`` (default) or ``"inprocess"``.
+      ray_address: None: start a local Ray cluster (or join the one ``RAY_ADDRESS``
+        names); ``"auto"`` or ``host:port``: join that cluster.
+      cpus_per_shard: CPUs each actor reserves in Ray's scheduler.
+    """
+
+    shards: int
+    checkpoint_dir: str
+    backend: str = "ray"
+    ray_address: str | None = None
+    cpus_per_shard: float = 1.0
+
+    def __post_init__(self):
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
+            raise ShardPlanError(f"--shards {self.shards!r}: must be an integer >= 1")
+        if self.backend not in BACKENDS:
+            raise ShardError(f"unknown shard backend {self.backend!r}; use one of "
+                             f"{sorted(BACKENDS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSetup:
+    """Everything a worker needs to build its shard (small, picklable, no private data:
+    the records are read from the worker's own disk)."""
+
+    config: dict
+    shard: Shard
+    total: int
+    bank_seed: int
+    checkpoint_dir: str
+    ensemble: str = "fast"
+    bank_ram_bytes: int | None = None
+
+
+def shard_checkpoint_dir(checkpoint_dir: str, index: int) -> str:
+    return os.path.join(checkpoint_dir, SHARDS_FOLDER, f"shard-{index:03d}")
+
+
+class ShardWorker:
+    """Teachers [first, stop) of a run in one process (a Ray actor's body).
+
+    Built from a :class:`ShardSetup`: loads the training split from this node's disk
+    (``data_dir`` of the config; a :class:`dclens.data.DataError` names where the files
+    go), partitions it as the whole run does and keeps only its teachers' records.
+    """
+
+    def __init__(self, setup: ShardSetup):
+        # pylint: disable=import-outside-toplevel
+        import tensorflow as tf
+
+        from dclens import teachers, train
+        from dclens.checkpoint import CheckpointStore
+        from dclens.config import DataLensConfig
+        from dclens.draws import KeyedSignDraws
+        from dclens.profiling import PhaseTimer
+        from dclens.run import load_training_data
+        from dclens.teacher_group import TeacherGroup
+
+        self.setup = setup
+        config = DataLensConfig.from_dict(setup.config)
+        dataset = load_training_data(config)
+        shape = train.image_shape_of(dataset.spec)
+        partitions = train.run_partitions(config, dataset.labels, shape.num_classes)
+        mine = partitions[setup.shard.first:setup.shard.stop]
+        # Only this shard's records stay in memory; the partitions index into them.
+        self.records = int(mine.size)
+        images = np.ascontiguousarray(dataset.images[mine.reshape(-1)])
+        labels = np.ascontiguousarray(dataset.labels[mine.reshape(-1)])
+        local = np.arange(mine.size, dtype=mine.dtype).reshape(mine.shape)
+        del dataset, partitions
+        layout = teachers.ParamLayout.for_shape(shape)
+        budget = (train.default_bank_ram_bytes() if setup.bank_ram_bytes is None
+                  else setup.bank_ram_bytes)
+        in_ram = teachers.bank_bytes(layout, setup.shard.count) <= budget
+        self.draws = KeyedSignDraws()
+        self.timer = PhaseTimer()
+        num_classes = shape.num_classes
+        self.group = TeacherGroup(
+            config, images, labels, local, first=setup.shard.first, total=setup.total,
+            bank_seed=setup.bank_seed, ensemble=train.build_ensemble(config, shape,
+                                                                     setup.ensemble),
+            topagg=train.build_topagg(config, shape), draws=self.draws,
+            one_hot=lambda y: tf.one_hot(y, num_classes, dtype=tf.float32), layout=layout,
+            bank_dir=None if in_ram else os.path.join(setup.checkpoint_dir, "bank"),
+            resident_rows=train.resident_rows(shape, setup.bank_ram_bytes),
+            timer=self.timer, overlap_io=True)
+        self.store = CheckpointStore(setup.checkpoint_dir, keep=2)
+        self.store.remove_partial()
+
+    def info(self) -> dict[str, Any]:
+        """Where this shard runs (for logs and error messages)."""
+        return {"shard": self.setup.shard.index, "host": socket.gethostname(),
+                "pid": os.getpid(), "first": self.setup.shard.first,
+                "stop": self.setup.shard.stop, "records": self.records}
+
+    def train(self, step: int, num_steps: int, columns: tuple[int, int], grid: np.ndarray,
+              query: tuple[np.ndarray, np.ndarray] | None, keys: dict[int, np.ndarray]
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`TeacherGroup.train` with the class grid; returns (losses, votes int32)."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        from dclens.teacher_group import ClassGridFakes  # pylint: disable=import-outside-toplevel
+
+        self.draws.use(keys)
+        tensors = None if query is None else (tf.constant(query[0]), tf.constant(query[1]))
+        losses, votes = self.group.train(
+            step=step, num_steps=num_steps, columns=slice(*columns),
+            chunk_fakes=ClassGridFakes(tf.constant(grid)), query=tensors)
+        return losses, None if votes is None else votes.numpy()
+
+    def vote(self, images: np.ndarray, labels: np.ndarray, step: int, round_index: int,
+             keys: dict[int, np.ndarray]) -> np.ndarray:
+        """The shard's summed votes (int32 [B, D]) for a query batch."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        self.draws.use(keys)
+        return self.group.vote(tf.constant(images), tf.constant(labels), step=step,
+                               round_index=round_index).numpy()
+
+    def save(self, step: int) -> str:
+        """Writes this shard's teachers as checkpoint ``step`` (atomically); its path."""
+        bank = self.group.bank
+        shard = self.setup.shard
+        saved = self.store.save(
+            step, {"weights": bank.weights, "adam_m": bank.adam_m, "adam_v": bank.adam_v,
+                   "steps": bank.steps},
+            {"shard": shard.index, "first": shard.first, "stop": shard.stop,
+             "total": self.setup.total})
+        return saved.path
+
+    def load(self, step: int) -> None:
+        """Restores this shard's checkpoint ``step`` (written by :meth:`save`)."""
+        checkpoint = self.store.at(step)
+        shard = self.setup.shard
+        if checkpoint is None:
+            raise ShardError(
+                f"shard {shard.index} (teachers {shard.first}..{shard.stop - 1}) has no "
+                f"checkpoint of step {step} in {self.setup.checkpoint_dir} on "
+                f"{socket.gethostname()}: every node must see its shard's checkpoints "
+                "(same path or a shared file system); resume on the nodes that trained "
+                "the run, or --restart")
+        saved = (checkpoint.state.get("first"), checkpoint.state.get("stop"),
+                 checkpoint.state.get("total"))
+        if saved != (shard.first, shard.stop, self.setup.total):
+            raise ShardError(
+                f"{checkpoint.path} holds teachers {saved[0]}..{saved[1] - 1} of {saved[2]}, "
+                f"this shard is {shard.first}..{shard.stop - 1} of {self.setup.total}: the "
+                "run was trained with another --shards; resume with the same --shards")
+        for field in ("weights", "adam_m", "adam_v", "steps"):
+            self.group.bank.assign(field, checkpoint.load_array(field, mmap=True))
+
+
+class InProcessBackend:
+    """Workers as plain objects in this process, called one after the other."""
+
+    name = "inprocess"
+
+    def __init__(self, options: ShardOptions):
+        del options
+
+    def start(self, setup: ShardSetup) -> ShardWorker:
+        return ShardWorker(setup)
+
+    def submit(self, worker: ShardWorker, method: str, *args) -> Callable[[], Any]:
+        return lambda: getattr(worker, method)(*args)
+
+    def gather(self, futures: Sequence[Callable[[], Any]]) -> list:
+        return [future() for future in futures]
+
+    def stop(self, workers) -> None:
+        del workers
+
+
+def _ray():
+    try:
+        import ray  # pylint: disable=import-outside-toplevel
+    except ImportError as error:  # pragma: no cover - ray is in requirements.txt
+        raise ShardError("--shards needs Ray: pip install -r requirements.txt "
+                         "(or pip install ray)") from error
+    return ray
+
+
+class RayBackend:
+    """One Ray actor per shard (spread over the cluster's nodes where it has several).
+
+    Actors get the driver's TensorFlow settings (``TF_ENABLE_ONEDNN_OPTS``,
+    ``TF_CPP_MIN_LOG_LEVEL``: the convolution path, hence the numbers, depend on them)
+    and this checkout on their ``PYTHONPATH``; on a multi-node cluster every node needs
+    the checkout at the same path and its own copy of the dataset.
+    """
+
+    name = "ray"
+
+    def __init__(self, options: ShardOptions):
+        ray = _ray()
+        self.ray = ray
+        self.started_cluster = False
+        if not ray.is_initialized():
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = {name: os.environ[name] for name in ("TF_ENABLE_ONEDNN_OPTS",
+                                                       "TF_CPP_MIN_LOG_LEVEL")
+                   if name in os.environ}
+            env["PYTHONPATH"] = os.pathsep.join(
+                [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+            kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env},
+                                      "include_dashboard": False, "log_to_driver": True,
+                                      "configure_logging": False}
+            address = options.ray_address
+            try:
+                if address is None and not os.environ.get("RAY_ADDRESS"):
+                    ray.init(num_cpus=max(int(os.cpu_count() or 1),
+                                          int(np.ceil(options.shards * options.cpus_per_shard))),
+                             **kwargs)
+                else:
+                    ray.init(address=address, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                raise ShardError(
+                    f"cannot reach the Ray cluster at --ray_address "
+                    f"{address or os.environ.get('RAY_ADDRESS')!r} ({error}); start it "
+                    "with `ray start --head` on the head node (and `ray start --address "
+                    "HEAD:6379` on the others), pass its address, or leave --ray_address "
+                    "out for a local cluster") from error
+            self.started_cluster = True
+        self.actor_class = ray.remote(ShardWorker).options(
+            num_cpus=options.cpus_per_shard, max_restarts=0, scheduling_strategy="SPREAD")
+
+    def start(self, setup: ShardSetup):
+        return self.actor_class.remote(setup)
+
+    def submit(self, worker, method: str, *args):
+        return getattr(worker, method).remote(*args)
+
+    def gather(self, futures) -> list:
+        return self.ray.get(list(futures))
+
+    def stop(self, workers) -> None:
+        for worker in workers:
+            try:
+                self.ray.kill(worker)
+            except Exception:  # pylint: disable=broad-except  # already dead: nothing to stop
+                pass
+        if self.started_cluster:
+            self.ray.shutdown()
+
+
+BACKENDS = {"ray": RayBackend, "inprocess": InProcessBackend}
+
+
+def _nbytes(value) -> int:
+    """Bytes of the arrays in a (nested) call argument or result."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 8
+
+
+class ShardedTeachers:
+    """The driver's view of a sharded ensemble: :class:`dclens.teacher_group.TeacherGroup`'s
+    ``train`` and ``vote``, summed over the shards, plus per-shard ``save`` / ``load``.
+
+    ``traffic`` counts the array bytes sent to and received from the workers (a measure
+    of what crosses the network per step; Ray's framing is not included).
+    """
+
+    def __init__(self, plan: list[Shard], workers: list, backend, *, draws, uniform_count: int,
+                 teacher_chunk: int):
+        self.plan, self.workers, self.backend = plan, workers, backend
+        self.draws, self.uniform_count, self.teacher_chunk = draws, uniform_count, teacher_chunk
+        self.traffic = {"sent": 0, "received": 0}
+
+    @classmethod
+    def launch(cls, options: ShardOptions, config, *, bank_seed: int, draws,
+               uniform_count: int, ensemble: str = "fast",
+               bank_ram_bytes: int | None = None) -> "ShardedTeachers":
+        """Plans the shards, starts one worker each and waits until all hold their data."""
+        from dclens.config import FakeRendering  # pylint: disable=import-outside-toplevel
+        from dclens.draws import SeededDraws  # pylint: disable=import-outside-toplevel
+
+        if config.train.fake_rendering is FakeRendering.TEACHER_LABELS:
+            raise ShardError("--fake_rendering teacher_labels renders one fake batch per "
+                             "distinct label sequence of all teachers' real batches, so the "
+                             "driver would need every teacher's labels (private data); a "
+                             "sharded run needs --fake_rendering class_grid (the default)")
+        if not isinstance(draws, SeededDraws):
+            raise ShardError("a sharded run draws from its root seed (SeededDraws); replayed "
+                             "draws (side-by-side parity) need the in-process teachers")
+        plan = plan_shards(config.train.num_teachers, options.shards,
+                           config.train.teacher_chunk)
+        backend = BACKENDS[options.backend](options)
+        setups = [ShardSetup(config=config.to_dict(), shard=shard,
+                             total=config.train.num_teachers, bank_seed=bank_seed,
+                             checkpoint_dir=shard_checkpoint_dir(options.checkpoint_dir,
+                                                                 shard.index),
+                             ensemble=ensemble, bank_ram_bytes=bank_ram_bytes)
+                  for shard in plan]
+        workers = [backend.start(setup) for setup in setups]
+        teachers = cls(plan, workers, backend, draws=draws, uniform_count=uniform_count,
+                       teacher_chunk=config.train.teacher_chunk)
+        try:
+            teachers.infos = teachers._all("info", lambda shard: ())
+        except ShardError:
+            backend.stop(workers)
+            raise
+        return teachers
+
+    # ------------------------------------------------------------------ calls
+    def _keys(self, shard: Shard, step: int, round_index: int) -> dict[int, np.ndarray]:
+        if not self.uniform_count:
+            return {}
+        return {first: self.draws.sign_key(step, round_index, first)
+                for first in range(shard.first, shard.stop, self.teacher_chunk)}
+
+    def _all(self, method: str, arguments: Callable[[Shard], tuple]) -> list:
+        """Calls ``method`` on every worker at once; the results in shard order."""
+        futures = []
+        for shard, worker in zip(self.plan, self.workers):
+            args = arguments(shard)
+            self.traffic["sent"] += _nbytes(args)
+            futures.append(self.backend.submit(worker, method, *args))
+        try:
+            results = self.backend.gather(futures)
+        except ShardError:
+            raise
+        except Exception as error:  # pylint: disable=broad-except
+            raise ShardError(
+                f"a shard worker failed in {method!r}: {type(error).__name__}: {error}. "
+                "Nothing of this round was released and every spend so far is in the "
+                "ledger; run the same command again to resume from the last checkpoint "
+                "(a node without the dataset: put the files where the message above says, "
+                "on every node)") from error
+        self.traffic["received"] += _nbytes(results)
+        return results
+
+    @staticmethod
+    def _sum(votes: list[np.ndarray]):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        total = votes[0].copy()
+        for part in votes[1:]:
+            total += part
+        return tf.constant(total)
+
+    def train(self, *, step: int, num_steps: int, columns: slice, chunk_fakes,
+              query=None):
+        """As :meth:`TeacherGroup.train`: (every teacher's loss, summed votes or None)."""
+        from dclens.teacher_group import ClassGridFakes  # pylint: disable=import-outside-toplevel
+
+        if not isinstance(chunk_fakes, ClassGridFakes):
+            raise ShardError("a sharded run sends the class grid of fakes to its workers; "
+                             "use --fake_rendering class_grid")
+        grid = np.asarray(chunk_fakes.grid)
+        sent_query = None if query is None else (np.asarray(query[0]), np.asarray(query[1]))
+        results = self._all("train", lambda shard: (
+            step, num_steps, (columns.start, columns.stop), grid, sent_query,
+            self._keys(shard, step, 0)))
+        losses = np.concatenate([r[0] for r in results])
+        votes = None if query is None else self._sum([r[1] for r in results])
+        return losses, votes
+
+    def vote(self, images, labels, *, step: int, round_index: int):
+        """Summed votes of all shards' teachers (int32 [B, D])."""
+        images, labels = np.asarray(images), np.asarray(labels)
+        return self._sum(self._all("vote", lambda shard: (
+            images, labels, step, round_index, self._keys(shard, step, round_index))))
+
+    def save(self, step: int) -> list[str]:
+        """Every shard writes its checkpoint ``step``; returns their paths."""
+        return self._all("save", lambda shard: (step,))
+
+    def load(self, step: int) -> None:
+        self._all("load", lambda shard: (step,))
+
+    def close(self) -> None:
+        self.backend.stop(self.workers)
