@@ -259,6 +259,27 @@ def _ray():
     return ray
 
 
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Fails fast on a ``host:port`` (or ``ray://host:port``) that accepts no connection
+    (Ray itself retries for minutes); None and ``auto`` are left to Ray."""
+    if address is None or address == "auto":
+        return
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ShardError(f"--ray_address {address!r} is not host:port (e.g. 10.0.0.1:6379, "
+                         "what `ray start --head` prints), 'auto' or ray://host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ShardError(
+            f"cannot reach the Ray cluster at --ray_address {address!r} ({error}); start "
+            "it with `ray start --head` on the head node (and `ray start --address "
+            "HEAD:6379` on the others), pass its address, or leave --ray_address out for "
+            "a local cluster; nothing was written or spent") from error
+
+
 class RayBackend:
     """One Ray actor per shard (spread over the cluster's nodes where it has several).
 
@@ -285,6 +306,7 @@ class RayBackend:
                                       "include_dashboard": False, "log_to_driver": True,
                                       "configure_logging": False}
             address = options.ray_address
+            _check_reachable(address)
             try:
                 if address is None and not os.environ.get("RAY_ADDRESS"):
                     ray.init(num_cpus=max(int(os.cpu_count() or 1),
