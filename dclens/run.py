@@ -82,6 +82,15 @@ class RunSummary:
     lost_queries: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetFacts:
+    """What a run's records and logs say about its training data (not the data)."""
+
+    name: str
+    source: str
+    records: int
+
+
 FaultHook = Callable[[str, int], None]
 """``hook(point, step)``: called at named points of a run (fault-injection tests).
 
@@ -173,13 +182,14 @@ def _write_seed(plan, root_seed: int, seeded: bool) -> None:
     export.write_json(plan.paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
 
 
-def _begin_fresh(plan, config: DataLensConfig, dataset, lens, root_seed: int) -> None:
+def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
+                 root_seed: int) -> None:
     """Creates the folder, config.json and the seed file of a new run."""
     os.makedirs(plan.paths.root, exist_ok=True)
     seeded = config.train.seed is not None
     export.write_json(plan.paths.config, {
         "config": config.to_dict(), "dataset_source": dataset.source,
-        "records": len(dataset.labels), "partition_size": lens.partition_size,
+        "records": dataset.records, "partition_size": lens.partition_size,
         "batch": lens.batch, "steps_per_epoch": lens.steps_per_epoch,
         "seed_from_os_entropy": not seeded, "reproducible_noise": seeded,
         "private": not config.train.non_private})
@@ -465,8 +475,11 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     lens = DataLens(config, dataset, root_seed=root_seed, shards=shard_options,
                     bank_dir=bank_location(config,
                                            os.path.join(plan.paths.checkpoints, "bank")))
+    facts = DatasetFacts(dataset.spec.name, dataset.source, len(dataset.labels))
+    if lens.sharded:    # the workers hold the records; the driver keeps none of them
+        lens.images = lens.labels = dataset = None
     try:
-        return _train_lens(config, output_dir, plan, dataset, lens, store, root_seed, seeded,
+        return _train_lens(config, output_dir, plan, facts, lens, store, root_seed, seeded,
                            started, progress=progress, log=log,
                            checkpoint_every=checkpoint_every, hook=hook)
     finally:
@@ -488,7 +501,8 @@ def _check_shards(store: CheckpointStore, shards: int) -> None:
                           f"{name(saved)} (not {name(shards)}), or --restart")
 
 
-def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset, lens, store,
+def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetFacts,
+                lens, store,
                 root_seed: int, seeded: bool, started: float, *, progress: bool,
                 log: Callable[[str], None], checkpoint_every: int, hook: FaultHook
                 ) -> RunSummary:
@@ -519,7 +533,7 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset, lens, st
         log(f"--save_vote: every round's released update goes to {votes.folder}"
             + (f"; RAW VOTE SUMS too: this run directory is PRIVATE ({RAW_VOTES_MARKER})"
                if config.train.save_votes is SaveVotes.RAW_SUMS else ""))
-    log(f"{dataset.spec.name}: {len(dataset.labels)} records, {config.train.num_teachers} "
+    log(f"{dataset.name}: {dataset.records} records, {config.train.num_teachers} "
         f"teachers x {lens.partition_size} records, batch {lens.batch}, "
         f"{lens.batch * config.train.g_step} queries per step; output in {output_dir}")
     conv = getattr(lens.ensemble, "conv_path", None)

@@ -4,6 +4,7 @@
     python scripts/faults.py --runs 10                 # Debian Fashion-MNIST, 80 records
     python scripts/faults.py --runs 3 --data_dir D     # <D>/fashion_mnist/*-ubyte(.gz)
     python scripts/faults.py --runs 5 --method gswgan  # GS-WGAN's loop instead
+    python scripts/faults.py --runs 6 --shards 2       # teachers in 2 Ray actors
 
 Each trial trains the same tiny seeded config (4 teachers, 5 budgeted steps, a checkpoint
 every step) in a fresh directory and kills it with SIGKILL either at a named point of the
@@ -16,6 +17,11 @@ resumes, and checks against the uninterrupted reference run:
 * the ledger counts exactly the queries of the steps it took plus the journaled lost ones;
 * if no spend was lost (the kill fell on a checkpoint boundary), the per-step epsilon curve
   and the final samples are bit-identical to the reference.
+
+With ``--shards N`` the DataLens run holds its teachers in N Ray actors (``main.py
+--shards``), and half the named-point kills SIGKILL an *actor* instead of the driver
+(``actor@after_spend``, ``actor@after_step``): the driver then stops with a resumable error
+(exit 2) before anything further is released, and the same checks apply to the resumed run.
 
 With ``--method gswgan`` the run is a tiny seeded GS-WGAN (4 discriminators, 5 DP
 iterations, a checkpoint every iteration; kill points ``after_warm_chunk``, ``after_spend``,
@@ -64,7 +70,12 @@ def budget_for_steps(steps: int) -> float:
     return (curve[steps - 1].epsilon + curve[steps].epsilon) / 2
 
 
-def main_argv(data_dir: str | None, out: str, *, seed: int = 3) -> list[str]:
+ACTOR_POINTS = ("after_spend", "after_step")
+ACTOR_PREFIX = "actor@"
+
+
+def main_argv(data_dir: str | None, out: str, *, seed: int = 3,
+              shards: int | None = None) -> list[str]:
     """The command line of the small run every trial uses."""
     argv = ["--train", "--dataset", "fashion_mnist", "--batch_teachers", str(TEACHERS),
             "--teachers_batch", "1", "--batch_size", str(BATCH), "--topk", str(TOPK),
@@ -73,6 +84,8 @@ def main_argv(data_dir: str | None, out: str, *, seed: int = 3) -> list[str]:
             "--z_dim", "8", "--seed", str(seed), "--teacher_chunk", "3", "--num_samples", "60",
             "--max_records", str(RECORDS), "--epoch", "10", "--stochastic", "--signsgd",
             "--checkpoint_every", "1", "--checkpoint_dir", out, "--quiet"]
+    if shards is not None:
+        argv += ["--shards", str(shards)]
     if data_dir is not None:
         argv[3:3] = ["--data_dir", data_dir]
     return argv
@@ -171,11 +184,22 @@ def compare(reference: dict, resumed: dict) -> list[str]:
     return failures
 
 
+def _argv(method: str, data_dir: str | None, out: str, shards: int | None) -> list[str]:
+    if method == "gswgan":
+        return gswgan_argv(data_dir, out)
+    return main_argv(data_dir, out, shards=shards)
+
+
 def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dict,
-          reference_seconds: float, index: int, method: str = "datalens") -> dict:
+          reference_seconds: float, index: int, method: str = "datalens",
+          shards: int | None = None) -> dict:
     out = os.path.join(workdir, f"trial-{index}")
-    argv = (gswgan_argv if method == "gswgan" else main_argv)(data_dir, out)
-    if rng.random() < 0.25:
+    argv = _argv(method, data_dir, out, shards)
+    if shards is not None and rng.random() < 0.5:
+        point = rng.choice(ACTOR_POINTS)
+        step = rng.randrange(0, STEPS) if point == "after_spend" else rng.randrange(1, STEPS)
+        kill = {"kill_at": f"{ACTOR_PREFIX}{point}:{step}"}
+    elif rng.random() < 0.25:
         kill = {"kill_after": round(rng.uniform(0.2, 1.0) * reference_seconds, 2)}
     elif method == "gswgan":
         point = rng.choice(GSWGAN_POINTS)
@@ -193,10 +217,15 @@ def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dic
                 "before_outputs": STEPS}.get(point, rng.randrange(1, STEPS + 1))
         kill = {"kill_at": f"{point}:{step}"}
     first = run_child(argv, method=method, **kill)
-    killed = first == -signal.SIGKILL
+    actor_kill = kill.get("kill_at", "").startswith(ACTOR_PREFIX)
+    # An actor's death is a clean, resumable error of the driver (exit 2).
+    killed = first == (2 if actor_kill else -signal.SIGKILL)
     second = run_child(argv, method=method)
     record = {"trial": index, **kill, "killed": killed, "first_exit": first,
               "resume_exit": second}
+    if not killed:
+        record["failures"] = [f"the killed run exited with {first}"]
+        return record
     if second != 0:
         record["failures"] = [f"the resumed run exited with {second}"]
         return record
@@ -209,19 +238,22 @@ def trial(rng: random.Random, workdir: str, data_dir: str | None, reference: dic
 
 
 def run_trials(runs: int, *, seed: int, data_dir: str | None, workdir: str,
-               method: str = "datalens") -> dict:
+               method: str = "datalens", shards: int | None = None) -> dict:
     rng = random.Random(seed)
     reference_dir = os.path.join(workdir, "reference")
     started = time.perf_counter()
-    argv = (gswgan_argv if method == "gswgan" else main_argv)(data_dir, reference_dir)
+    argv = _argv(method, data_dir, reference_dir, shards)
     code = run_child(argv, method=method)
     if code != 0:
         raise SystemExit(f"faults.py: the uninterrupted reference run failed (exit {code})")
     reference_seconds = time.perf_counter() - started
     reference = (gswgan_outcome if method == "gswgan" else outcome)(reference_dir)
-    trials = [trial(rng, workdir, data_dir, reference, reference_seconds, i, method)
+    trials = [trial(rng, workdir, data_dir, reference, reference_seconds, i, method, shards)
               for i in range(runs)]
-    return {"method": method, "runs": runs, "kills": sum(t["killed"] for t in trials),
+    return {"method": method, "shards": shards, "runs": runs,
+            "kills": sum(t["killed"] for t in trials),
+            "actor_kills": sum(t["killed"] and t.get("kill_at", "").startswith(ACTOR_PREFIX)
+                               for t in trials),
             "resumed": sum(t["resume_exit"] == 0 for t in trials),
             "ledger_mismatches": sum(bool(t["failures"]) for t in trials),
             "kills_with_lost_spends": sum(t.get("lost_queries", 0) > 0 for t in trials),
@@ -238,13 +270,28 @@ def child(argv: list[str]) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    target = None
+    target, kill_actor, launched = None, False, []
     if args.kill_at:
         point, _, step = args.kill_at.partition(":")
-        target = (point, int(step))
+        kill_actor = point.startswith(ACTOR_PREFIX)
+        target = (point.removeprefix(ACTOR_PREFIX), int(step))
+    if kill_actor:
+        from dclens import sharded
+
+        launch = sharded.ShardedTeachers.launch
+
+        def remembered(*a, **k):
+            launched.append(launch(*a, **k))
+            return launched[-1]
+
+        sharded.ShardedTeachers.launch = remembered
 
     def hook(point: str, step: int) -> None:
-        if (point, step) == target:
+        if (point, step) != target:
+            return
+        if kill_actor:      # the last shard's actor process, as a crashed node would
+            os.kill(launched[-1].infos[-1]["pid"], signal.SIGKILL)
+        else:
             os.kill(os.getpid(), signal.SIGKILL)
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -263,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", help="where the runs go (default: a temporary folder)")
     parser.add_argument("--method", choices=METHODS, default="datalens",
                         help="whose training loop to kill (default: datalens)")
+    parser.add_argument("--shards", type=int, help="DataLens only: teachers in this many "
+                        "Ray actors; half the kills then hit an actor (default: in-process)")
     return parser
 
 
@@ -274,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
+    if args.shards is not None and (args.method != "datalens" or args.shards < 1):
+        parser.error(f"--shards {args.shards} needs --method datalens and a value >= 1")
     workdir = args.workdir or tempfile.mkdtemp(prefix="dclens-faults-")
     summary = run_trials(args.runs, seed=args.seed, data_dir=args.data_dir, workdir=workdir,
-                         method=args.method)
+                         method=args.method, shards=args.shards)
     print(json.dumps(summary, indent=2))
     return 1 if summary["ledger_mismatches"] else 0
 
