@@ -16,9 +16,9 @@ What crosses between driver and workers, per generator step:
   the step and round, and the stochastic-sign key (int64 [2]) of each of the worker's
   chunks (:meth:`dclens.draws.SeededDraws.sign_key`).  Nothing private: the generator's
   output and public randomness.
-* worker -> driver: the shard's summed votes (int32 [B, D]) per round, and its teachers'
-  losses once per step (a private diagnostic that the in-process run also computes; it
-  goes to TensorBoard only).
+* worker -> driver: the shard's summed votes (int32 [B, D]) per round, and the sum and
+  count of its teachers' losses once per step (a private diagnostic that the in-process
+  run also computes; it goes to TensorBoard only; per-teacher losses stay in the actor).
 
 **Privacy.**  No record and no single teacher's vote leaves a worker; the driver sees only
 sums over a shard's teachers, exactly the partial sums the in-process run adds up.  The
@@ -174,8 +174,9 @@ class ShardWorker:
 
     def train(self, step: int, num_steps: int, columns: tuple[int, int], grid: np.ndarray,
               query: tuple[np.ndarray, np.ndarray] | None, keys: dict[int, np.ndarray]
-              ) -> tuple[np.ndarray, np.ndarray | None]:
-        """:meth:`TeacherGroup.train` with the class grid; returns (losses, votes int32)."""
+              ) -> tuple[float, int, np.ndarray | None]:
+        """:meth:`TeacherGroup.train` with the class grid; returns (sum of the teachers'
+        losses, number of teachers, summed votes int32 [B, D] or None)."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         from dclens.teacher_group import ClassGridFakes  # pylint: disable=import-outside-toplevel
@@ -185,7 +186,8 @@ class ShardWorker:
         losses, votes = self.group.train(
             step=step, num_steps=num_steps, columns=slice(*columns),
             chunk_fakes=ClassGridFakes(tf.constant(grid)), query=tensors)
-        return losses, None if votes is None else votes.numpy()
+        return (float(np.sum(losses, dtype=np.float64)), int(len(losses)),
+                None if votes is None else votes.numpy())
 
     def vote(self, images: np.ndarray, labels: np.ndarray, step: int, round_index: int,
              keys: dict[int, np.ndarray]) -> np.ndarray:
@@ -446,7 +448,9 @@ class ShardedTeachers:
 
     def train(self, *, step: int, num_steps: int, columns: slice, chunk_fakes,
               query=None):
-        """As :meth:`TeacherGroup.train`: (every teacher's loss, summed votes or None)."""
+        """As :meth:`TeacherGroup.train`, except that the losses are one value, the mean
+        over all teachers (per-teacher losses stay in the actors): ([mean loss], summed
+        votes or None)."""
         from dclens.teacher_group import ClassGridFakes  # pylint: disable=import-outside-toplevel
 
         if not isinstance(chunk_fakes, ClassGridFakes):
@@ -457,9 +461,9 @@ class ShardedTeachers:
         results = self._all("train", lambda shard: (
             step, num_steps, (columns.start, columns.stop), grid, sent_query,
             self._keys(shard, step, 0)))
-        losses = np.concatenate([r[0] for r in results])
-        votes = None if query is None else self._sum([r[1] for r in results])
-        return losses, votes
+        mean = sum(r[0] for r in results) / sum(r[1] for r in results)
+        votes = None if query is None else self._sum([r[2] for r in results])
+        return np.array([mean]), votes
 
     def vote(self, images, labels, *, step: int, round_index: int):
         """Summed votes of all shards' teachers (int32 [B, D])."""

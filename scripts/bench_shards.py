@@ -18,10 +18,12 @@ teachers (dclens/bench.py's machinery; all of their state streams from disk).
 
 Projection (a stated model, not a measurement): the CelebA-Gender eps=1 paper run on N
 machines of 2 cores / 24 GiB, one actor each: step time = per-teacher seconds x teachers
-per machine (Part 2) + the driver's per-step overhead (Part 1: 1 actor minus in-process,
-scaled by the vote bytes of B = 27 at 64x64x3) + the step's bytes over ``--network_gbps``;
-run time = the steps the eps = 1 budget allows x step time.  Memory and disk per machine:
-its shard's records, its teachers' RAM tier and the disk bank.
+per machine (Part 2) + the actor path's fixed per-step overhead (Part 1: 1 actor minus
+in-process) + the step's bytes over ``--network_gbps``; run time = the steps the eps = 1
+budget allows x step time.  Per machine: RAM = its shard's records + the bank's RAM tier
+(at most half the RAM); disk = the bank beyond that tier + two shard checkpoints (each
+the shard's whole state: the driver's last checkpoint must survive the next one).
+``--project_from FILE`` recomputes only the projection from a saved JSON's measurements.
 """
 
 from __future__ import annotations
@@ -144,23 +146,37 @@ def projection(per_teacher_seconds: float, driver_overhead: float,
         back = vote_bytes_per_step(batch, shape.dim, config.train.g_step, machines)
         network = (sent + back) * 8 / (network_gbps * 1e9)
         step = per_teacher_seconds * largest + driver_overhead + network
-        bank = teachers.bank_bytes(layout, largest)
-        records = largest * partition * shape.dim * 4
+        bank = teachers.bank_bytes(layout, largest) / 2**30
+        records = largest * partition * shape.dim * 4 / 2**30
+        ram_tier = min(bank, MACHINE_RAM_GIB / 2)
         rows.append({
             "machines": machines, "teachers_per_machine": largest,
             "step_seconds": round(step, 1), "run_hours": round(steps * step / 3600, 1),
             "network_seconds_per_step": round(network, 3),
-            "bank_gib_per_machine": round(bank / 2**30, 1),
-            "bank_in_ram": bank < MACHINE_RAM_GIB * 2**30 / 2,
-            "records_gib_per_machine": round(records / 2**30, 2)})
+            "bank_gib_per_machine": round(bank, 1),
+            "ram_gib_per_machine": round(records + ram_tier, 1),
+            "disk_gib_per_machine": round(bank - ram_tier + 2 * bank, 1),
+            "records_gib_per_machine": round(records, 2)})
     return {"model": "step = per-teacher seconds (measured, 750-teacher shard on disk) x "
-                     "teachers per machine + driver overhead (measured) + bytes / network; "
+                     "teachers per machine + the actor path's fixed overhead (measured) + "
+                     "bytes / network; RAM = records + bank RAM tier (<= half the RAM); "
+                     "disk = bank beyond the tier + 2 shard checkpoints; "
                      f"network {network_gbps:g} Gbit/s; one actor per machine of "
                      f"{MACHINE_CORES} cores / {MACHINE_RAM_GIB} GiB; a bank over half "
                      "the RAM streams from disk (as measured)",
             "steps_in_budget": steps, "batch": batch, "g_step": config.train.g_step,
             "per_teacher_seconds": per_teacher_seconds, "driver_overhead_seconds":
                 driver_overhead, "rows": rows}
+
+
+def _project(result: dict[str, Any], network_gbps: float) -> dict[str, Any]:
+    """The projection from a result's measurements (Part 2's per-teacher seconds, Part 1's
+    1-actor overhead over in-process)."""
+    extrapolated = result["celeba_shard_750"]["extrapolated"]
+    per_teacher = extrapolated["seconds_per_step"] / extrapolated["num_teachers"]
+    rows = {r["shards"]: r["seconds_per_step_median"] for r in result["fashion_mnist"]["rows"]}
+    overhead = max(0.0, rows[1] - rows[0]) if 1 in rows else 0.0
+    return projection(per_teacher, overhead, network_gbps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,7 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--network_gbps", type=float, default=1.0,
                         help="projection: network bandwidth between machines")
     parser.add_argument("--out", help="also write the JSON to this file")
+    parser.add_argument("--project_from", help="recompute only the projection from this "
+                        "earlier output (its measurements) and print it")
     args = parser.parse_args(argv)
+    if args.project_from:
+        with open(args.project_from) as stream:
+            saved = json.load(stream)
+        print(json.dumps(_project(saved, args.network_gbps), indent=2))
+        return 0
     try:
         counts = [int(c) for c in args.shards.split(",")]
     except ValueError:
@@ -200,21 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["ratio_to_in_process"] = row["seconds_per_step_median"] / base
     result["fashion_mnist"] = {"teachers": args.teachers, "teacher_chunk": args.chunk,
                                "batch": 15, "rows": part1}
-    one = next((r for r in part1 if r["shards"] == 1), None)
     if not args.skip_celeba:
-        shard = celeba_shard(args.celeba_measured, 1, 1, peak)
-        result["celeba_shard_750"] = shard
-        extrapolated = shard["extrapolated"]
-        per_teacher = extrapolated["seconds_per_step"] / extrapolated["num_teachers"]
-        overhead = 0.0
-        if one is not None:
-            # The actor path's cost beyond the in-process step, scaled to CelebA's vote size.
-            fmnist_votes = vote_bytes_per_step(15, 784, config.train.g_step, 1)
-            celeba_votes = vote_bytes_per_step(27, 64 * 64 * 3, 1, 1)
-            overhead = max(0.0, one["seconds_per_step_median"] - base) * \
-                celeba_votes / fmnist_votes
-        result["projection_celeba_gender_eps1"] = projection(per_teacher, overhead,
-                                                             args.network_gbps)
+        result["celeba_shard_750"] = celeba_shard(args.celeba_measured, 1, 1, peak)
+        result["projection_celeba_gender_eps1"] = _project(result, args.network_gbps)
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.out:
