@@ -125,6 +125,9 @@ class ShardWorker:
 
     def __init__(self, setup: ShardSetup):
         # pylint: disable=import-outside-toplevel
+        from dclens import tf_env
+
+        tf_env.import_tensorflow_quietly()   # an actor's stderr reaches the driver's console
         import tensorflow as tf
 
         from dclens import teachers, train
