@@ -179,7 +179,7 @@ def _project(result: dict[str, Any], network_gbps: float) -> dict[str, Any]:
     return projection(per_teacher, overhead, network_gbps)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench_shards.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teachers", type=int, default=200, help="Part 1 teachers")
@@ -198,6 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON to this file")
     parser.add_argument("--project_from", help="recompute only the projection from this "
                         "earlier output (its measurements) and print it")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.project_from:
         with open(args.project_from) as stream:
