@@ -12,7 +12,8 @@ are extrapolated linearly (labelled "extrapolated" in the output).  Data are syn
 (random images of the right shape).  A float32 matmul peak is measured in the same run
 (before and after the benchmarks; the higher median is used as the peak) so that GFLOP/s
 can be read against it; timings on a shared machine are noisy, compare ratios within one
-run.
+run.  The sharded path (``main.py --shards``, teachers in Ray actors that read their data
+from disk) is measured by ``scripts/bench_shards.py``.
 """
 
 from __future__ import annotations
