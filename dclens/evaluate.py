@@ -530,10 +530,14 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
                                                   cache_dir=cache_dir, log=log)
         scored = _subset(synthetic, settings.quality_samples, seeds["quality"])
         reference = test.images[:settings.quality_samples]
-        quality_result = quality_scores.quality_record(domain, scored.images, reference)
+        quality_result = quality_scores.quality_record(
+            domain, scored.images, reference, labels=scored.labels,
+            reference_labels=test.labels[:settings.quality_samples])
         log(f"domain-classifier IS {quality_result['inception_score']:.3f} (real test "
             f"{quality_result['reference_inception_score']:.3f}), FID to the real test set "
-            f"{quality_result['fid']:.3f}")
+            f"{quality_result['fid']:.3f}, label agreement "
+            f"{quality_result['label_agreement']:.4f} (real test "
+            f"{quality_result['reference_label_agreement']:.4f})")
 
     import keras
     import tensorflow as tf

@@ -248,15 +248,38 @@ def test_split_name(dataset: str) -> str | None:
 
 # ------------------------------------------------------------------ scores of a sample set
 
+def label_agreement(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    """The fraction of images whose domain-classifier class is their given label.
+
+    For conditional samples G(z, y) it measures class-conditional fidelity: whether an
+    image of label y looks like class y to a classifier of real data (at most about that
+    classifier's real test accuracy, 1/classes for labels unrelated to the images)."""
+    labels = np.asarray(labels)
+    if labels.shape != (len(probabilities),):
+        raise ValueError(f"labels have shape {labels.shape}, expected "
+                         f"({len(probabilities)},) (one per image)")
+    return float(np.mean(np.argmax(probabilities, axis=1) == labels))
+
+
 def quality_record(classifier: DomainClassifier, images: np.ndarray,
-                   reference_images: np.ndarray, *, splits: int = 10) -> dict:
-    """IS of ``images``, IS of ``reference_images`` and FID between the two sets."""
+                   reference_images: np.ndarray, *, splits: int = 10,
+                   labels: np.ndarray | None = None,
+                   reference_labels: np.ndarray | None = None) -> dict:
+    """IS of ``images``, IS of ``reference_images`` and FID between the two sets; with
+    ``labels`` (and ``reference_labels``) also their :func:`label_agreement`."""
     probabilities = classifier.probabilities(images)
     score, spread = inception_score(probabilities, splits=min(splits, len(images)))
+    reference_probabilities = classifier.probabilities(reference_images)
     reference_score, reference_spread = inception_score(
-        classifier.probabilities(reference_images), splits=min(splits, len(reference_images)))
+        reference_probabilities, splits=min(splits, len(reference_images)))
     fid = fid_from_features(classifier.features(images), classifier.features(reference_images))
-    return {"inception_score": score, "inception_score_std": spread,
+    agreement = {}
+    if labels is not None:
+        agreement["label_agreement"] = label_agreement(probabilities, labels)
+    if reference_labels is not None:
+        agreement["reference_label_agreement"] = label_agreement(reference_probabilities,
+                                                                 reference_labels)
+    return {**agreement,"inception_score": score, "inception_score_std": spread,
             "fid": fid, "reference_inception_score": reference_score,
             "reference_inception_score_std": reference_spread,
             "samples": int(len(images)), "reference_samples": int(len(reference_images)),

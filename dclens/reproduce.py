@@ -680,6 +680,11 @@ def render_markdown(report: dict) -> str:
         if real_q:
             lines.append(f"| real training images ({real_q['samples']}) | "
                          f"{real_q['inception_score']:.3f} | {real_q['fid']:.3f} |")
+        if q.get("label_agreement") is not None:
+            lines += ["", f"Label agreement (the domain classifier's class equals the "
+                      f"sample's label; class-conditional fidelity): "
+                      f"**{q['label_agreement']:.4f}** (real test images "
+                      f"{_fmt(q.get('reference_label_agreement'))})."]
         lines += ["", f"Note: {q['note']}. Domain classifier key `{q['classifier_key']}`, its "
                   f"real test accuracy {_fmt(q.get('classifier_test_accuracy'))}.", ""]
     lines += ["## Privacy", ""]

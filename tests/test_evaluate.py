@@ -220,9 +220,21 @@ def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
                                        log=messages.append)
     assert domain.info["cache"] == "miss"
     noise = noise_images(1000).images
-    real_record = quality.quality_record(domain, train.images[:1000], test.images)
+    real_record = quality.quality_record(domain, train.images[:1000], test.images,
+                                         labels=train.labels[:1000],
+                                         reference_labels=test.labels)
     noise_record = quality.quality_record(domain, noise, test.images)
     assert real_record["inception_score"] > 2 * noise_record["inception_score"]
+    # Real images with their labels agree about as often as the classifier is accurate
+    # (its accuracy is over all 10,000 test images, ours over the first 1,000: binomial sd
+    # ~0.013, tolerance 0.05); with every label shifted by one class they (almost) never do.
+    assert real_record["label_agreement"] > 0.6
+    assert abs(real_record["reference_label_agreement"]
+               - domain.info["test_accuracy"]) < 0.05
+    shifted = quality.quality_record(domain, train.images[:1000], test.images[:100],
+                                     labels=(train.labels[:1000] + 1) % 10)
+    assert shifted["label_agreement"] < 0.2
+    assert "label_agreement" not in noise_record
     assert real_record["fid"] * 10 < noise_record["fid"]
     assert "domain-classifier" in real_record["note"]
 
