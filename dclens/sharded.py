@@ -302,8 +302,9 @@ class RayBackend:
         self.started_cluster = False
         if not ray.is_initialized():
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            env = {name: os.environ[name] for name in ("TF_ENABLE_ONEDNN_OPTS",
-                                                       "TF_CPP_MIN_LOG_LEVEL")
+            from dclens import tf_env  # pylint: disable=import-outside-toplevel
+
+            env = {name: os.environ[name] for name in tf_env.CLI_DEFAULTS
                    if name in os.environ}
             env["PYTHONPATH"] = os.pathsep.join(
                 [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -376,6 +377,7 @@ class ShardedTeachers:
         self.plan, self.workers, self.backend = plan, workers, backend
         self.draws, self.uniform_count, self.teacher_chunk = draws, uniform_count, teacher_chunk
         self.traffic = {"sent": 0, "received": 0}
+        self.infos: list[dict[str, Any]] = []      # where each shard runs (ShardWorker.info)
 
     @classmethod
     def launch(cls, options: ShardOptions, config, *, bank_seed: int, draws,

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,7 @@ if __name__ == "__main__":
     tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
     tf_env.import_tensorflow_quietly()
 
-from dclens import accounting, bench, data, teachers  # noqa: E402
+from dclens import accounting, bench, data, teacher_conv, teachers  # noqa: E402
 from dclens.config import DataLensConfig, preset  # noqa: E402
 from dclens.sharded import ShardOptions  # noqa: E402
 from dclens.shards import plan_shards  # noqa: E402
@@ -56,17 +55,6 @@ from dclens.train import DataLens, image_shape_of  # noqa: E402
 
 CELEBA_TEACHERS, CELEBA_RECORDS = 6000, 162770
 MACHINE_RAM_GIB, MACHINE_CORES = 24, 2
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def fmnist_config(teachers_count: int, data_dir: str | None, chunk: int) -> DataLensConfig:
@@ -217,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--shards {args.shards!r}: include 0 (in-process, the baseline) and "
                      "no negative counts")
     peak = bench.matmul_peak_gflops()["median_gflops"]
-    result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(),
+    result: dict[str, Any] = {"cpu": teacher_conv.cpu_model_name(), "cores": os.cpu_count(),
                               "matmul_peak_gflops": peak}
     config = fmnist_config(args.teachers, args.data_dir, args.chunk)
     with tempfile.TemporaryDirectory(prefix="dclens-bench-shards-", dir=os.getcwd()) as work:
