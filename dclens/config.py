@@ -460,6 +460,14 @@ _PAPER_PRESETS: dict[tuple[str, int], dict[str, dict[str, Any]]] = {
 PAPER_PRESET_NAMES = tuple(f"{d}-eps{e}" for d, e in _PAPER_PRESETS)
 
 
+def partition_kind(train: Mapping[str, Any]) -> str:
+    """``"index"`` (data-independent: the epsilon is proven) or ``"class-balanced"`` (the
+    authors' ``--shuffle``: NOT proven) for a serialized ``train`` section. Sections written
+    before the index partition became the default lack the key and used the
+    class-balanced one."""
+    return "class-balanced" if train.get("balanced_partition", True) else "index"
+
+
 def paper_preset(dataset: str, eps: int) -> DataLensConfig:
     """The paper's configuration for (dataset, eps) with eps in {1, 10}.
 

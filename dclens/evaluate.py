@@ -391,7 +391,10 @@ def select_by_test(test_accuracy) -> int:
 
 # ------------------------------------------------------------------ the evaluation
 
-def _subset(images: data.LabeledImages, size: int | None, seed: int) -> data.LabeledImages:
+def random_subset(images: data.LabeledImages, size: int | None,
+                  seed: int) -> data.LabeledImages:
+    """``size`` images drawn without replacement with ``seed`` (in their given order);
+    all of them when ``size`` is None or not smaller."""
     if size is None or size >= len(images):
         return images
     keep = np.sort(np.random.default_rng(seed).permutation(len(images))[:size])
@@ -440,6 +443,28 @@ def authors_entries(protocols: dict) -> list[dict]:
                   key=lambda p: p["settings"]["range"])
 
 
+def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, samples: int,
+                  seed: int, domain: quality_scores.DomainSettings = quality_scores.DomainSettings(),
+                  data_dir: str | None = None, cache_dir: str | None = None,
+                  log: Callable[[str], None] = print) -> dict:
+    """Domain-classifier IS, FID and label agreement of a random subset of ``samples``
+    synthetic images (drawn with ``seed``) against the first ``samples`` real test images:
+    :func:`dclens.quality.quality_record`. The domain classifier is trained on the real
+    training split once and cached in ``cache_dir``."""
+    classifier = quality_scores.domain_classifier(train_split_name(synthetic.spec.name),
+                                                  data_dir, settings=domain,
+                                                  cache_dir=cache_dir, log=log)
+    scored = random_subset(synthetic, samples, seed)
+    record = quality_scores.quality_record(
+        classifier, scored.images, test.images[:samples], labels=scored.labels,
+        reference_labels=test.labels[:samples])
+    log(f"domain-classifier IS {record['inception_score']:.3f} (real test "
+        f"{record['reference_inception_score']:.3f}), FID to the real test set "
+        f"{record['fid']:.3f}, label agreement {record['label_agreement']:.4f} (real test "
+        f"{record['reference_label_agreement']:.4f})")
+    return record
+
+
 def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
              settings: EvalSettings = EvalSettings(), *, data_dir: str | None = None,
              cache_dir: str | None = None, input_kind: str = "arrays",
@@ -470,7 +495,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     seeds = settings.seeds()
     given = len(synthetic)
     as_given = synthetic              # the authors' protocol reads the first samples given
-    synthetic = _subset(synthetic, settings.max_samples, seeds["subset"])
+    synthetic = random_subset(synthetic, settings.max_samples, seeds["subset"])
     warnings = _warnings_for(synthetic)
     for warning in warnings:
         log(f"warning: {warning}")
@@ -525,19 +550,9 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
 
     quality_result = None
     if settings.quality:
-        domain = quality_scores.domain_classifier(train_split_name(spec.name), data_dir,
-                                                  settings=settings.domain,
-                                                  cache_dir=cache_dir, log=log)
-        scored = _subset(synthetic, settings.quality_samples, seeds["quality"])
-        reference = test.images[:settings.quality_samples]
-        quality_result = quality_scores.quality_record(
-            domain, scored.images, reference, labels=scored.labels,
-            reference_labels=test.labels[:settings.quality_samples])
-        log(f"domain-classifier IS {quality_result['inception_score']:.3f} (real test "
-            f"{quality_result['reference_inception_score']:.3f}), FID to the real test set "
-            f"{quality_result['fid']:.3f}, label agreement "
-            f"{quality_result['label_agreement']:.4f} (real test "
-            f"{quality_result['reference_label_agreement']:.4f})")
+        quality_result = score_quality(synthetic, test, samples=settings.quality_samples,
+                                       seed=seeds["quality"], domain=settings.domain,
+                                       data_dir=data_dir, cache_dir=cache_dir, log=log)
 
     import keras
     import tensorflow as tf

@@ -74,6 +74,13 @@ class ReproduceOptions:
       teacher_chunk: teachers processed together (memory only).
       aggregation, thresh, topk: the paper's analysis rows (Tables 4-7) change these from
         the Table 1 config (an :class:`dclens.config.Aggregation` value, beta, k).
+      balanced_partition: the authors' class-balanced partition (their ``--shuffle``)
+        instead of dclens' index partition. A fidelity option, not a deviation from the
+        paper's config (it *is* theirs), but under it one replaced record can move many
+        records between teachers, so the run's epsilon is NOT a proven guarantee.
+      fake_rendering: a :class:`dclens.config.FakeRendering` value; ``teacher_labels`` is
+        the authors' rendering of the teachers' fake batches (a fidelity option; about 2x
+        slower per step at the paper config).
     """
 
     dataset: str = "fashion_mnist"
@@ -90,6 +97,8 @@ class ReproduceOptions:
     aggregation: str | None = None
     thresh: float | None = None
     topk: int | None = None
+    balanced_partition: bool = False
+    fake_rendering: str | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -110,6 +119,13 @@ class ReproduceOptions:
         if self.thresh is not None and not (isinstance(self.thresh, (int, float))
                                             and 0 <= self.thresh < 1):
             raise ReproduceError(f"thresh must be in [0, 1), got {self.thresh!r}")
+        if not isinstance(self.balanced_partition, bool):
+            raise ReproduceError(f"balanced_partition must be True or False, got "
+                                 f"{self.balanced_partition!r}")
+        if self.fake_rendering is not None and self.fake_rendering not in {
+                r.value for r in cfg.FakeRendering}:
+            raise ReproduceError(f"unknown fake_rendering {self.fake_rendering!r}; use one of "
+                                 f"{[r.value for r in cfg.FakeRendering]}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
                      "topk"):
             value = getattr(self, name)
@@ -126,7 +142,9 @@ class ReproduceOptions:
         result is in the name, so a shortened run never takes the paper run's folder:
         ``-t400`` (teachers), ``-e50`` (training capped at 50 epochs), ``-n10000``
         (samples), ``-r6000`` (records), ``-nonprivate`` (the eps=inf row), and what an
-        analysis row changes: ``-no_topk`` (aggregation), ``-b0`` (beta), ``-k100`` (top-k)."""
+        analysis row changes: ``-no_topk`` (aggregation), ``-b0`` (beta), ``-k100`` (top-k);
+        and the fidelity options: ``-balanced`` (the authors' partition),
+        ``-teacher_labels`` (the authors' fake-batch rendering)."""
         name = f"{self.dataset}-eps{self.eps}"
         paper = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
         teachers = self.resolved_teachers(paper)
@@ -143,9 +161,19 @@ class ReproduceOptions:
             name += f"-b{self.thresh:g}"
         if self.topk is not None and self.topk != paper_topagg.topk:
             name += f"-k{self.topk}"
+        for tag in self.fidelity_tags():
+            name += f"-{tag}"
         if self.non_private:
             name += "-nonprivate"
         return name
+
+    def fidelity_tags(self) -> list[str]:
+        """The fidelity options this run sets, as name tags (empty: dclens' defaults)."""
+        tags = ["balanced"] if self.balanced_partition else []
+        if (self.fake_rendering is not None
+                and self.fake_rendering != cfg.FakeRendering.CLASS_GRID.value):
+            tags.append(self.fake_rendering)
+        return tags
 
     def resolved_teachers(self, paper_teachers: int) -> int:
         if self.teachers is not None:
@@ -205,6 +233,12 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
         topagg["topk"] = options.topk
         deviations.append(f"top-k = {options.topk} instead of {paper.topagg.topk} (an "
                           f"analysis row, Table 4)")
+    # Fidelity options: the authors' choices where dclens' defaults differ. Not deviations
+    # from the paper's config, so not listed as such; the report names them.
+    if options.balanced_partition:
+        train["balanced_partition"] = True
+    if options.fake_rendering is not None:
+        train["fake_rendering"] = cfg.FakeRendering(options.fake_rendering)
     config = paper.replace(train=train, topagg=topagg)
     if options.non_private:
         batch = min(config.train.batch_size, records // config.train.num_teachers)
@@ -494,6 +528,61 @@ def _write_report(report: dict, out_dir: str) -> None:
                         lambda s: s.write(render_markdown(report)), mode="w")
 
 
+def _reported_run(out_dir: str, run_dir: str | None, what: str):
+    """(report path, report, run directory, its samples, the real test set) of a reported
+    run, for adding ``what`` to its report; refuses a missing report, missing samples and
+    samples of another run."""
+    path = os.path.join(out_dir, "report.json")
+    if not os.path.exists(path):
+        raise ReproduceError(f"{path} not found; reproduce the row first ({what} is added "
+                             f"to an existing report)")
+    report = _read_json(path)
+    run_dir = run_dir or report["run_dir"]
+    samples_path = os.path.join(run_dir, "samples.npz")
+    if not os.path.exists(samples_path):
+        raise ReproduceError(f"{samples_path} not found: {what} reads the run's samples; "
+                             f"pass the --run_dir the report was made from")
+    record = report["evaluation"]
+    dataset = report["config"]["train"]["dataset"]
+    synthetic, _ = evaluate.load_synthetic(samples_path, dataset)
+    if len(synthetic) != record["input"]["given_samples"]:
+        raise ReproduceError(f"{samples_path} holds {len(synthetic)} samples but the report "
+                             f"evaluated {record['input']['given_samples']}: not the same run")
+    test = evaluate.load_test(dataset, report["config"]["train"].get("data_dir"),
+                              limit=record["settings"].get("test_limit"))
+    return path, report, run_dir, synthetic, test
+
+
+def add_quality(out_dir: str, *, run_dir: str | None = None, cache_dir: str | None = None,
+                command: str = "", log: Callable[[str], None] = print) -> dict:
+    """(Re)measures a reported run's sample quality -- domain-classifier IS, FID and label
+    agreement -- exactly as its evaluation did (the same subset seed, number of samples
+    and domain-classifier settings), and writes it into the report in ``out_dir``; the
+    accuracies are kept. For reports written before a measure existed (label agreement)."""
+    from dclens import classifiers, quality as quality_scores
+
+    path, report, run_dir, synthetic, test = _reported_run(out_dir, run_dir,
+                                                           "the quality measure")
+    record = report["evaluation"]
+    settings, seeds = record["settings"], record["seeds"]
+    domain = settings["domain"]
+    synthetic = evaluate.random_subset(synthetic, settings.get("max_samples"),
+                                       seeds["subset"])
+    result = evaluate.score_quality(
+        synthetic, test, samples=settings["quality_samples"], seed=seeds["quality"],
+        domain=quality_scores.DomainSettings(
+            schedule=classifiers.Schedule(**domain["schedule"]), seed=domain["seed"],
+            train_limit=domain.get("train_limit")),
+        data_dir=report["config"]["train"].get("data_dir"), cache_dir=cache_dir, log=log)
+    result["provenance"] = provenance(command)
+    report = _read_json(path)
+    report["evaluation"]["quality"] = report["quality"] = result
+    _write_report(report, out_dir)
+    log(f"report: {os.path.join(out_dir, 'report.md')} (FID {result['fid']:.3f}, label "
+        f"agreement {result['label_agreement']:.4f})")
+    return report
+
+
 def add_authors_protocol(out_dir: str, protocol, *, run_dir: str | None = None,
                          command: str = "", log: Callable[[str], None] = print) -> dict:
     """Runs the authors' evaluation script's protocol (``protocol``, an
@@ -505,24 +594,9 @@ def add_authors_protocol(out_dir: str, protocol, *, run_dir: str | None = None,
     finished one returns at once. The classifier seed is the report's ``init`` seed, as
     when :func:`dclens.evaluate.evaluate` runs the protocol itself.
     """
-    path = os.path.join(out_dir, "report.json")
-    if not os.path.exists(path):
-        raise ReproduceError(f"{path} not found; reproduce the row first (the authors' "
-                             f"protocol is added to an existing report)")
-    report = _read_json(path)
-    run_dir = run_dir or report["run_dir"]
-    samples_path = os.path.join(run_dir, "samples.npz")
-    if not os.path.exists(samples_path):
-        raise ReproduceError(f"{samples_path} not found: the authors' protocol reads the run's "
-                             f"samples; pass the --run_dir the report was made from")
+    path, report, run_dir, synthetic, test = _reported_run(out_dir, run_dir,
+                                                           "the authors' protocol")
     record = report["evaluation"]
-    dataset = report["config"]["train"]["dataset"]
-    data_dir = report["config"]["train"].get("data_dir")
-    synthetic, _ = evaluate.load_synthetic(samples_path, dataset)
-    if len(synthetic) != record["input"]["given_samples"]:
-        raise ReproduceError(f"{samples_path} holds {len(synthetic)} samples but the report "
-                             f"evaluated {record['input']['given_samples']}: not the same run")
-    test = evaluate.load_test(dataset, data_dir, limit=record["settings"].get("test_limit"))
     state_path = os.path.join(run_dir, f"authors-range{protocol.range}.npz")
     entry = evaluate.run_authors_protocol(synthetic, test, protocol,
                                           seed=record["seeds"]["init"], state_path=state_path,
@@ -686,7 +760,10 @@ def render_markdown(report: dict) -> str:
                       f"**{q['label_agreement']:.4f}** (real test images "
                       f"{_fmt(q.get('reference_label_agreement'))})."]
         lines += ["", f"Note: {q['note']}. Domain classifier key `{q['classifier_key']}`, its "
-                  f"real test accuracy {_fmt(q.get('classifier_test_accuracy'))}.", ""]
+                  f"real test accuracy {_fmt(q.get('classifier_test_accuracy'))}."
+                  + (f" Measured after the evaluation, by `{q['provenance']['command']}` at "
+                     f"commit `{(q['provenance'].get('commit') or 'unknown')[:7]}`."
+                     if q.get("provenance") else ""), ""]
     lines += ["## Privacy", ""]
     if priv.get("private"):
         eps = priv.get("epsilon") or {}
@@ -701,7 +778,7 @@ def render_markdown(report: dict) -> str:
         if priv.get("reproducible_noise"):
             lines.append("The run used a fixed --seed: its DP noise is reproducible, so its "
                          "outputs must not be published as private.")
-        if r.get("config", {}).get("train", {}).get("balanced_partition", True):
+        if cfg.partition_kind(r.get("config", {}).get("train", {})) == "class-balanced":
             lines.append("**The epsilon is not a proven guarantee:** the run used the "
                          "class-balanced partition (the authors'), under which one replaced "
                          "record can move many records between teachers (results/README.md).")
@@ -718,6 +795,8 @@ def render_markdown(report: dict) -> str:
               f"{r['partition_size']}, batch {r['batch']}; k = {r['config']['topagg']['topk']}, "
               f"sigma = {r['config']['topagg']['sigma']:g}, beta = "
               f"{r['config']['topagg']['thresh']:g}",
+              f"- partition: {cfg.partition_kind(r['config']['train'])}; fake batches: "
+              f"{r['config']['train'].get('fake_rendering', 'class_grid')}",
               f"- command: `{prov['command']}`",
               f"- commit: `{prov['commit']}`"
               + (" (with uncommitted changes)" if prov.get("uncommitted_changes") else ""),

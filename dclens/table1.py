@@ -26,6 +26,7 @@ import math
 import os
 from typing import Iterable
 
+from dclens import config as cfg
 from dclens import export
 
 BEGIN_MARK = "<!-- table1:begin (written by scripts/table1.py; edit outside the markers) -->"
@@ -35,6 +36,9 @@ END_MARK = "<!-- table1:end -->"
 PROTOCOLS = (("val", "`val` (headline)"), ("sen", "`sen`"),
              ("authors_range1", "`authors`, range 1"),
              ("authors_range10", "`authors`, range 10"))
+
+#: (sample-quality key, column heading): the domain classifier's, beside the accuracies.
+QUALITY = (("fid", "FID"), ("label_agreement", "label agreement"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +57,15 @@ class RunFacts:
     cpu: str
     generator_init: str
     partition: str                            # "index" (proven) or "class-balanced"
+    fake_rendering: str                       # "class_grid" (dclens) or "teacher_labels"
     curves: dict[str, dict]                   # protocol key -> {"epoch": [...], "test": [...]}
+    fid: float | None = None                  # domain-classifier FID to the real test set
+    label_agreement: float | None = None      # share of samples classified as their label
+
+    @property
+    def row_key(self) -> tuple[str, int, str, str]:
+        """Runs are averaged only with runs of the same row and fidelity options."""
+        return self.dataset, self.eps, self.partition, self.fake_rendering
 
 
 def read_report(path: str) -> RunFacts:
@@ -77,6 +89,8 @@ def read_report(path: str) -> RunFacts:
             unfinished[key] = f"{done} of {entry['settings']['epochs']} epochs"
         curves[key] = {"epoch": entry["curve"]["epoch"], "test": entry["curve"]["test_accuracy"],
                        "chosen": entry["epoch"]}
+    train = report.get("config", {}).get("train", {})
+    quality = report.get("quality") or {}
     machine = report["provenance"].get("machine", {})
     cpu = machine.get("cpu") or "not recorded"
     extensions = machine.get("cpu_vector_extensions") or []
@@ -92,11 +106,10 @@ def read_report(path: str) -> RunFacts:
         commit=(report["provenance"].get("commit") or "unknown")[:7],
         cpu=cpu,
         generator_init=report.get("generator_init") or "not recorded",
-        # Reports from before the index partition became the default used the authors'
-        # class-balanced one (the old default, recorded in their config).
-        partition=("class-balanced" if report.get("config", {}).get("train", {}).get(
-            "balanced_partition", True) else "index"),
-        curves=curves)
+        partition=cfg.partition_kind(train),
+        fake_rendering=train.get("fake_rendering", cfg.FakeRendering.CLASS_GRID.value),
+        curves=curves, fid=quality.get("fid"),
+        label_agreement=quality.get("label_agreement"))
 
 
 def collect(results_dir: str) -> list[RunFacts]:
@@ -125,35 +138,43 @@ def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:
 
 def summarise(runs: list[RunFacts]) -> list[dict]:
     """One dictionary per Table 1 row: its runs and each protocol's (n, mean, sd)."""
-    rows: dict[tuple[str, int, str], list[RunFacts]] = {}
+    rows: dict[tuple[str, int, str, str], list[RunFacts]] = {}
     for run in runs:
-        rows.setdefault((run.dataset, run.eps, run.partition), []).append(run)
+        rows.setdefault(run.row_key, []).append(run)
     out = []
-    for (dataset, eps, partition), members in sorted(rows.items()):
+    for (dataset, eps, partition, rendering), members in sorted(rows.items()):
         stats = {}
         for key, _ in PROTOCOLS:
             n, mean, sd = mean_sd(r.accuracy[key] for r in members
                                   if r.accuracy.get(key) is not None)
             stats[key] = {"n": n, "mean": mean, "sd": sd}
+        for key in ("fid", "label_agreement"):
+            n, mean, sd = mean_sd(getattr(r, key) for r in members
+                                  if getattr(r, key) is not None)
+            stats[key] = {"n": n, "mean": mean, "sd": sd}
         out.append({"dataset": dataset, "eps": eps, "partition": partition,
+                    "fake_rendering": rendering,
                     "paper": members[0].paper,
                     "runs": [r.name for r in members], "protocols": stats,
                     "epsilon": mean_sd(r.epsilon for r in members if r.epsilon is not None)[1]})
     return out
 
 
-def _partition(kind: str) -> str:
-    if kind == "index":
-        return "index partition"
-    return "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"
+def _row_label(row: dict) -> str:
+    label = (f"{row['dataset']}, eps = {row['eps']}, "
+             + ("index partition" if row["partition"] == "index" else
+                "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"))
+    if row["fake_rendering"] != cfg.FakeRendering.CLASS_GRID.value:
+        label += f", fake batches rendered {row['fake_rendering']} (the authors')"
+    return label
 
 
-def _cell(stat: dict) -> str:
+def _cell(stat: dict, digits: int = 4, absent: str = "not run") -> str:
     if stat["n"] == 0:
-        return "not run"
+        return absent
     if stat["sd"] is None:
-        return f"{stat['mean']:.4f} (1 run)"
-    return f"{stat['mean']:.4f} +- {stat['sd']:.4f} ({stat['n']} runs)"
+        return f"{stat['mean']:.{digits}f} (1 run)"
+    return f"{stat['mean']:.{digits}f} +- {stat['sd']:.{digits}f} ({stat['n']} runs)"
 
 
 def _value(run: RunFacts, key: str) -> str:
@@ -165,23 +186,30 @@ def _value(run: RunFacts, key: str) -> str:
 
 def render(runs: list[RunFacts], figure: str | None = None) -> str:
     """The markdown between the markers: the summary table, then one line per run."""
-    lines = ["| row | paper (Table 1) | runs | " + " | ".join(h for _, h in PROTOCOLS) + " |",
-             "|---" * (3 + len(PROTOCOLS)) + "|"]
+    lines = ["| row | paper (Table 1) | runs | " + " | ".join(h for _, h in PROTOCOLS)
+             + " | " + " | ".join(h for _, h in QUALITY) + " |",
+             "|---" * (3 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for row in summarise(runs):
-        lines.append(f"| {row['dataset']}, eps = {row['eps']}, {_partition(row['partition'])}"
-                     f" | {row['paper']:.4f} | "
-                     f"{len(row['runs'])} | "
-                     + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " |")
+        lines.append(f"| {_row_label(row)} | {row['paper']:.4f} | {len(row['runs'])} | "
+                     + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " | "
+                     + " | ".join(_cell(row["protocols"][k], digits, "not measured")
+                                  for (k, _), digits in zip(QUALITY, (1, 3))) + " |")
     lines += ["", "Mean +- sample standard deviation (ddof = 1) over the runs that finished the "
-              "protocol; every run at the paper config with its own OS-entropy noise.", "",
+              "protocol; every run at the paper config with its own OS-entropy noise. "
+              "FID and label agreement (the share of samples the domain classifier assigns "
+              "to their own label) are the domain classifier's, on 10,000 samples.", "",
               "| run (`results/...`) | epsilon (steps) | " + " | ".join(h for _, h in PROTOCOLS)
-              + " | partition | generator init | commit | CPU |",
-              "|---" * (6 + len(PROTOCOLS)) + "|"]
+              + " | " + " | ".join(h for _, h in QUALITY)
+              + " | partition | fake batches | generator init | commit | CPU |",
+              "|---" * (7 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for run in runs:
         eps = "--" if run.epsilon is None else f"{run.epsilon:.4f} ({run.steps})"
         lines.append(f"| `{run.name}` | {eps} | "
-                     + " | ".join(_value(run, k) for k, _ in PROTOCOLS)
-                     + f" | {run.partition} | {run.generator_init} | `{run.commit}` | "
+                     + " | ".join(_value(run, k) for k, _ in PROTOCOLS) + " | "
+                     + " | ".join("--" if v is None else f"{v:.{d}f}" for v, d in
+                                  ((run.fid, 1), (run.label_agreement, 3)))
+                     + f" | {run.partition} | {run.fake_rendering} | {run.generator_init} | "
+                     f"`{run.commit}` | "
                      f"{run.cpu} |")
     if figure:
         lines += ["", f"![real-test accuracy per classifier epoch, every protocol and run]"

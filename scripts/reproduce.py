@@ -24,7 +24,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens import config as cfg  # noqa: E402  (after the sys.path insertion above)
+from dclens import tf_env  # noqa: E402
 
 
 def _evaluate_cli():
@@ -71,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         "topk_stochastic_sign (no_topk, topk_sign, no_threshold, klevel, fetchsgd)")
     add("--thresh", type=float, help="an analysis row: beta instead of the paper's")
     add("--topk", type=int, help="an analysis row: top-k instead of the paper's")
+    add("--balanced_partition", action="store_true", help="a fidelity option: the authors' "
+        "class-balanced partition (their --shuffle) instead of the index partition; the "
+        "run's epsilon is then NOT a proven guarantee (one replaced record can move many "
+        "records between teachers)")
+    add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering], help="a fidelity "
+        "option: teacher_labels renders each teacher's fake batch from its own labels, as "
+        "the authors (about 2x slower at the paper config) [default: class_grid]")
     add("--out", help="report directory (default results/<name>)")
     add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
     add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
@@ -83,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "script's protocol with --range RANGE on the finished, reported run and add it to "
         "the report in --out (val/sen kept; no training; resumable: rerun the same command "
         "after an interruption)")
+    add("--add_quality", action="store_true", help="(re)measure the finished, reported "
+        "run's sample quality (domain-classifier IS, FID, label agreement) as its "
+        "evaluation did and write it into the report in --out (accuracies kept; no "
+        "training): for reports older than a measure")
     add("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     add_eval_arguments(parser)
     return parser
@@ -104,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             non_private=args.non_private, epochs=args.train_epochs,
             num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
             data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
-            aggregation=args.aggregation, thresh=args.thresh, topk=args.topk)
+            aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
+            balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering)
+        actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
+                                            ("--add_quality", args.add_quality),
+                                            ("--rerender", args.rerender),
+                                            ("--skip_train", args.skip_train)) if given]
+        if len(actions) > 1:
+            raise reproduce.ReproduceError(f"{' and '.join(actions)} are separate actions on "
+                                           f"a run; give one per command")
         if args.add_authors is not None and (args.protocol == "authors"
                                              or args.authors_range != 1):
             raise reproduce.ReproduceError("--add_authors RANGE runs the authors' protocol on "
@@ -125,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             reproduce.add_authors_protocol(
                 args.out or os.path.join("results", options.default_name()), protocol,
                 run_dir=args.run_dir, command=command, log=log)
+            return 0
+        if args.add_quality:
+            reproduce.add_quality(args.out or os.path.join("results", options.default_name()),
+                                  run_dir=args.run_dir, cache_dir=args.cache_dir,
+                                  command=command, log=log)
             return 0
         if args.rerender:
             reproduce.rerender(args.out or os.path.join("results", options.default_name()),

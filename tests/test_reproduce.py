@@ -239,3 +239,64 @@ def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_pa
         reproduce_cli.main(["fashion_mnist", "--eps", "1", "--add_authors", "1",
                             "--protocol", "authors"])
     assert "drop --protocol authors" in capsys.readouterr().err
+
+
+def test_add_quality_remeasures_as_the_evaluation_did(tiny_report, tmp_path, capsys):
+    """--add_quality repeats the evaluation's quality measure exactly (same subset seed,
+    samples and domain classifier): a report stripped of label agreement gets back the
+    value its evaluation wrote, and its FID is unchanged; accuracies are kept."""
+    import shutil
+
+    root, _ = tiny_report
+    out = tmp_path / "report"
+    shutil.copytree(root / "report", out)
+    original = json.loads((out / "report.json").read_text())
+    stripped = json.loads(json.dumps(original))
+    for record in (stripped["quality"], stripped["evaluation"]["quality"]):
+        del record["label_agreement"]
+    (out / "report.json").write_text(json.dumps(stripped))
+    assert reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
+                               "--run_dir", str(root / "run"), "--cache_dir",
+                               str(root / "cache"), "--add_quality", "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["quality"]["label_agreement"] == original["quality"]["label_agreement"]
+    assert report["quality"]["fid"] == original["quality"]["fid"]
+    assert report["evaluation"]["quality"] == report["quality"]
+    assert report["accuracy"] == original["accuracy"]
+    assert report["quality"]["provenance"]["command"].endswith("--add_quality --quiet")
+    markdown = (out / "report.md").read_text()
+    assert "Label agreement (" in markdown and "Measured after the evaluation" in markdown
+    code = reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
+                               "--run_dir", str(tmp_path / "nowhere"), "--add_quality",
+                               "--quiet"])
+    assert code == 2 and "samples.npz not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        reproduce_cli.main(["fashion_mnist", "--eps", "1", "--add_quality", "--rerender"])
+    assert "--add_quality and --rerender are separate actions" in capsys.readouterr().err
+
+
+def test_fidelity_options_are_the_authors_choices_named_but_not_deviations():
+    """--balanced_partition / --fake_rendering teacher_labels set the authors' partition
+    and rendering; the run stays at the paper config (they are the authors' choices), but
+    its name says so, so it never shares a folder or a Table 1 row with a default run."""
+    options = reproduce.ReproduceOptions("fashion_mnist", 1, balanced_partition=True,
+                                         fake_rendering="teacher_labels")
+    assert options.default_name() == "fashion_mnist-eps1-balanced-teacher_labels"
+    config, deviations = reproduce.build_config(options)
+    assert deviations == []
+    assert config.train.balanced_partition
+    assert config.train.fake_rendering is cfg.FakeRendering.TEACHER_LABELS
+    assert not config.accounting_proven
+    assert config.replace(train={"balanced_partition": False,
+                                 "fake_rendering": cfg.FakeRendering.CLASS_GRID}) \
+        == cfg.paper_preset("fashion_mnist", 1)
+    same = reproduce.ReproduceOptions("fashion_mnist", 1, fake_rendering="class_grid")
+    assert same.default_name() == "fashion_mnist-eps1"
+    with pytest.raises(reproduce.ReproduceError, match="unknown fake_rendering 'nope'"):
+        reproduce.ReproduceOptions(fake_rendering="nope")
+    with pytest.raises(reproduce.ReproduceError, match="balanced_partition must be"):
+        reproduce.ReproduceOptions(balanced_partition="yes")
+    args = reproduce_cli.build_parser().parse_args(
+        ["fashion_mnist", "--eps", "1", "--balanced_partition", "--fake_rendering",
+         "teacher_labels"])
+    assert (args.balanced_partition, args.fake_rendering) == (True, "teacher_labels")

@@ -83,6 +83,33 @@ def test_runs_on_the_index_partition_form_their_own_row(results):
     assert "class-balanced partition (the authors'; epsilon NOT a proven guarantee)" in text
 
 
+def test_fidelity_options_form_their_own_row_and_quality_is_averaged(results):
+    """A run with the authors' fake-batch rendering is a row of its own (a fidelity option
+    is measured beside, never averaged into, the default); FID and label agreement are
+    summarised per row over the runs that measured them, by hand below."""
+    for name, fid, agreement, rendering in (("fmnist-eps1-tl", 70.0, 0.5, "teacher_labels"),
+                                            ("fmnist-eps1-tl2", 80.0, None, "teacher_labels")):
+        report = _report(name, 1, 0.5, 0.6)
+        report["config"] = {"train": {"balanced_partition": False,
+                                      "fake_rendering": rendering}}
+        report["quality"] = {"fid": fid, "label_agreement": agreement}
+        (results / name).mkdir()
+        (results / name / "report.json").write_text(json.dumps(report))
+    rows = table1.summarise(table1.collect(str(results)))
+    row = next(r for r in rows if r["fake_rendering"] == "teacher_labels")
+    assert row["runs"] == ["fmnist-eps1-tl", "fmnist-eps1-tl2"]
+    assert row["protocols"]["fid"] == {"n": 2, "mean": 75.0,
+                                       "sd": pytest.approx(math.sqrt(50.0))}
+    assert row["protocols"]["label_agreement"] == {"n": 1, "mean": 0.5, "sd": None}
+    assert all(r["fake_rendering"] == "class_grid" for r in rows if r is not row)
+    text = table1.render(table1.collect(str(results)))
+    assert ("| fashion_mnist, eps = 1, index partition, fake batches rendered teacher_labels "
+            "(the authors') | 0.6478 | 2 |") in text
+    assert "| 75.0 +- 7.1 (2 runs) | 0.500 (1 run) |" in text
+    assert "| 70.0 | 0.500 | index | teacher_labels |" in text
+    assert "| 80.0 | -- | index | teacher_labels |" in text
+
+
 def test_markdown_lists_every_run_and_marks_unfinished_protocols(results):
     text = table1.render(table1.collect(str(results)), figure="table1.png")
     balanced = "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"
@@ -91,7 +118,9 @@ def test_markdown_lists_every_run_and_marks_unfinished_protocols(results):
     assert f"| fashion_mnist, eps = 10, {balanced} | 0.7061 | 1 | 0.3700 (1 run) |" in text
     assert "unfinished (2 of 4 epochs)" in text and "not run" in text
     assert "fmnist-eps1-t50" not in text
-    assert "| class-balanced | independent seed per layer | `abcdef0` | Test CPU |" in text
+    assert ("| -- | -- | class-balanced | class_grid | independent seed per layer | `abcdef0` "
+            "| Test CPU |") in text
+    assert "| not measured | not measured |" in text
     for line in text.splitlines():
         if line.startswith("|---"):
             continue
