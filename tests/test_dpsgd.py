@@ -53,9 +53,32 @@ def test_norm_topk_matches_a_slow_reference_and_bounds_the_norm(fraction):
     rng = np.random.default_rng(1)
     rows = (rng.standard_normal((6, 50)) * rng.uniform(0.1, 3, size=(6, 1))).astype(np.float32)
     got = mech.norm_topk(tf.constant(rows), fraction).numpy()
+    np.testing.assert_array_equal(got, mech.norm_topk_literal(tf.constant(rows),
+                                                              fraction).numpy())
     for row, kept in zip(rows, got):
         np.testing.assert_array_equal(kept, _slow_norm_topk(row, fraction))
         assert np.sum(kept ** 2) <= fraction * np.sum(row ** 2) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "scaled", "zeros"])
+def test_norm_topk_equals_the_literal_argsort_version_bit_for_bit(kind):
+    """The fast path (one value sort, prefix length and tie ranks) against the literal
+    argsort / cumsum / inverse-permutation version, on wide rows with float32 cumulative
+    sums, integer-valued rows full of ties, rows of very different scales and zero rows."""
+    rng = np.random.default_rng(7)
+    rows = {"gaussian": rng.standard_normal((32, 3000)),
+            "ties": np.round(rng.standard_normal((32, 3000)) * 2),
+            "scaled": rng.standard_normal((32, 3000)) * rng.uniform(1e-3, 1e3, size=(32, 1)),
+            "zeros": np.zeros((4, 3000))}[kind]
+    rows = tf.constant(rows.astype(np.float32))
+    for fraction in (1e-4, 0.05, 0.3, 0.8, 0.99):
+        np.testing.assert_array_equal(mech.norm_topk(rows, fraction).numpy(),
+                                      mech.norm_topk_literal(rows, fraction).numpy(),
+                                      err_msg=f"fraction {fraction}")
+    np.testing.assert_array_equal(mech.norm_topk(rows, 1.0).numpy(), rows.numpy())
+    graph = tf.function(lambda r: mech.norm_topk(r, 0.8))          # inside a graph too
+    np.testing.assert_array_equal(graph(rows).numpy(),
+                                  mech.norm_topk_literal(rows, 0.8).numpy())
 
 
 @pytest.mark.parametrize("method, topk", [(mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.7),

@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""The private-classifier step's parts (dclens/dpsgd): seconds each, and NormTopK's fast
+path against its literal version; JSON on stdout.
+
+  python scripts/bench_dpsgd.py                    # B = 512, the default model, ~1 min
+  python scripts/bench_dpsgd.py --batch 256 --repeats 5 --fraction 0.5
+
+On random images and labels of Fashion-MNIST's shape with ``scripts/dpsgd.py``'s default
+model (Opacus' MNIST CNN), median seconds over ``--repeats`` of: the [B, P] per-example
+gradients, per-example clipping, and NormTopK (TopAgg for DP-SGD, Alg. 4) by the fast path
+(one value sort, the kept prefix's length and tie ranks; ``norm_topk``) and by the literal
+argsort / cumsum / inverse permutation (``norm_topk_literal``). The two masks are checked
+equal. The float32 matmul peak of this machine, measured in the same run, and the CPU's
+name come with them, so ratios can be compared across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bench_dpsgd.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
+    parser.add_argument("--batch", type=int, default=512,
+                        help="examples per step (dpsgd.py's expected batch) [default: 512]")
+    parser.add_argument("--fraction", type=float, default=0.8,
+                        help="NormTopK's k, a fraction in (0, 1) [default: 0.8]")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repetitions of each part (median) [default: 3]")
+    return parser
+
+
+def _median_seconds(function, repeats: int) -> float:
+    function()                                              # warm-up (tracing, caches)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be an integer >= 1, got {args.batch}")
+    if not 0 < args.fraction < 1:
+        parser.error(f"--fraction must be in (0, 1) (1 keeps everything: nothing to "
+                     f"compare), got {args.fraction}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be an integer >= 1, got {args.repeats}")
+    import numpy as np
+    import tensorflow as tf
+
+    from dclens import bench, teacher_conv
+    from dclens.dpsgd import mechanisms, models
+
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.uniform(0, 1, (args.batch, 28, 28, 1)).astype(np.float32))
+    labels = tf.constant(rng.integers(0, 10, args.batch), tf.int64)
+    model = models.sample_convnet(seed=0)
+
+    def loss(y, logits):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+
+    per_example = tf.function(lambda x, y: mechanisms.per_example_gradients(model, loss, x, y))
+    gradients = per_example(images, labels)
+    clipped = mechanisms.clip_rows(gradients, 1.0)
+    fast = mechanisms.norm_topk(clipped, args.fraction).numpy()
+    literal = mechanisms.norm_topk_literal(clipped, args.fraction).numpy()
+    seconds = {
+        "per_example_gradients": _median_seconds(lambda: per_example(images, labels).numpy(),
+                                                 args.repeats),
+        "clip": _median_seconds(lambda: mechanisms.clip_rows(gradients, 1.0).numpy(),
+                                args.repeats),
+        "norm_topk_fast": _median_seconds(
+            lambda: mechanisms.norm_topk(clipped, args.fraction).numpy(), args.repeats),
+        "norm_topk_literal": _median_seconds(
+            lambda: mechanisms.norm_topk_literal(clipped, args.fraction).numpy(),
+            args.repeats),
+    }
+    peak = bench.matmul_peak_gflops()
+    print(json.dumps({
+        "cpu": teacher_conv.cpu_model_name(), "batch": args.batch,
+        "parameters": int(gradients.shape[1]), "fraction": args.fraction,
+        "repeats": args.repeats, "seconds": seconds,
+        "norm_topk_speedup": seconds["norm_topk_literal"] / seconds["norm_topk_fast"],
+        "norm_topk_masks_equal": bool(np.array_equal(fast, literal)),
+        "kept_fraction_of_coordinates": float(np.mean(fast != 0)),
+        "matmul_peak_gflops": peak}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.import_tensorflow_quietly()
+    sys.exit(main())
