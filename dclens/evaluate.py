@@ -444,7 +444,8 @@ def authors_entries(protocols: dict) -> list[dict]:
 
 
 def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, samples: int,
-                  seed: int, domain: quality_scores.DomainSettings = quality_scores.DomainSettings(),
+                  seed: int,
+                  domain: quality_scores.DomainSettings = quality_scores.DomainSettings(),
                   data_dir: str | None = None, cache_dir: str | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """Domain-classifier IS, FID and label agreement of a random subset of ``samples``

@@ -99,7 +99,8 @@ def read_report(path: str) -> RunFacts:
     if widest:
         cpu += f" ({', '.join(widest[:2])})"
     return RunFacts(
-        name=os.path.basename(os.path.dirname(os.path.abspath(path))), dataset=report["dataset"], eps=report["eps"],
+        name=os.path.basename(os.path.dirname(os.path.abspath(path))),
+        dataset=report["dataset"], eps=report["eps"],
         paper=report["accuracy"].get("paper"), accuracy=accuracy, unfinished=unfinished,
         epsilon=(report["privacy"].get("epsilon") or {}).get("epsilon"),
         steps=report["privacy"].get("steps"),
