@@ -30,7 +30,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -110,6 +110,18 @@ def step_flops(shape: networks.ImageShape, *, num_teachers: int, batch: int, d_s
         # teacher fakes for K classes, the query batches, the student's forward + backward
         "generator": 2.0 * gen * batch * (shape.num_classes + g_step + 3 * g_step),
     }
+
+
+def median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``run`` after one untimed call (tracing,
+    caches)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> dict[str, float]:

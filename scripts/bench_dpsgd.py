@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -41,15 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="timed repetitions of each part (median) [default: 3]")
     return parser
 
-
-def _median_seconds(function, repeats: int) -> float:
-    function()                                              # warm-up (tracing, caches)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     fast = mechanisms.norm_topk(clipped, args.fraction).numpy()
     literal = mechanisms.norm_topk_literal(clipped, args.fraction).numpy()
     seconds = {
-        "per_example_gradients": _median_seconds(lambda: per_example(images, labels).numpy(),
-                                                 args.repeats),
-        "clip": _median_seconds(lambda: mechanisms.clip_rows(gradients, 1.0).numpy(),
-                                args.repeats),
-        "norm_topk_fast": _median_seconds(
+        "per_example_gradients": bench.median_seconds(
+            lambda: per_example(images, labels).numpy(), args.repeats),
+        "clip": bench.median_seconds(
+            lambda: mechanisms.clip_rows(gradients, 1.0).numpy(), args.repeats),
+        "norm_topk_fast": bench.median_seconds(
             lambda: mechanisms.norm_topk(clipped, args.fraction).numpy(), args.repeats),
-        "norm_topk_literal": _median_seconds(
+        "norm_topk_literal": bench.median_seconds(
             lambda: mechanisms.norm_topk_literal(clipped, args.fraction).numpy(),
             args.repeats),
     }

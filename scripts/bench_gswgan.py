@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,20 +38,12 @@ from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
 PAPER = {"discriminators": 1000, "warm_iterations": 2000, "iterations": 20000}
 
 
-def _median_seconds(run, repeats: int) -> float:
-    run()                                                  # tracing, untimed
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
 
 def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from dclens import bench
     from dclens.gswgan import models, steps, train
     from dclens.gswgan.config import GswganConfig
     from dclens.rng import SeedTree, Stream
@@ -68,7 +58,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
         real = rng.uniform(size=(chunk, config.critic_iters, batch, 28, 28, 1)).astype(np.float32)
         labels = rng.integers(0, 10, size=(chunk, config.critic_iters, batch))
         counter = iter(range(10 ** 6))
-        seconds = _median_seconds(
+        seconds = bench.median_seconds(
             lambda: pairs.step(real, labels, base_seeds, np.int64(next(counter))), repeats)
         warm[str(chunk)] = {"seconds_per_step": seconds,
                             "seconds_per_discriminator_iteration": seconds / chunk}
@@ -102,7 +92,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
             nets.follow(t)
             bank.store(chosen, nets.discriminator, nets.d_opt)
 
-        dp_seconds = _median_seconds(dp_iteration, repeats)
+        dp_seconds = bench.median_seconds(dp_iteration, repeats)
     parameters = {"generator": int(sum(np.prod(w.shape) for w in
                                        nets.generator.trainable_weights)),
                   "discriminator": int(sum(np.prod(w.shape) for w in
