@@ -138,25 +138,25 @@ def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:
 
 
 def summarise(runs: list[RunFacts]) -> list[dict]:
-    """One dictionary per Table 1 row: its runs and each protocol's (n, mean, sd)."""
+    """One dictionary per Table 1 row: its runs, each protocol's (n, mean, sd) and each
+    sample-quality measure's (n, mean, sd), over the runs that have the value."""
+    def stat(values) -> dict:
+        n, mean, sd = mean_sd(v for v in values if v is not None)
+        return {"n": n, "mean": mean, "sd": sd}
+
     rows: dict[tuple[str, int, str, str], list[RunFacts]] = {}
     for run in runs:
         rows.setdefault(run.row_key, []).append(run)
     out = []
     for (dataset, eps, partition, rendering), members in sorted(rows.items()):
-        stats = {}
-        for key, _ in PROTOCOLS:
-            n, mean, sd = mean_sd(r.accuracy[key] for r in members
-                                  if r.accuracy.get(key) is not None)
-            stats[key] = {"n": n, "mean": mean, "sd": sd}
-        for key in ("fid", "label_agreement"):
-            n, mean, sd = mean_sd(getattr(r, key) for r in members
-                                  if getattr(r, key) is not None)
-            stats[key] = {"n": n, "mean": mean, "sd": sd}
         out.append({"dataset": dataset, "eps": eps, "partition": partition,
                     "fake_rendering": rendering,
                     "paper": members[0].paper,
-                    "runs": [r.name for r in members], "protocols": stats,
+                    "runs": [r.name for r in members],
+                    "protocols": {key: stat(r.accuracy.get(key) for r in members)
+                                  for key, _ in PROTOCOLS},
+                    "quality": {key: stat(getattr(r, key) for r in members)
+                                for key, _ in QUALITY},
                     "epsilon": mean_sd(r.epsilon for r in members if r.epsilon is not None)[1]})
     return out
 
@@ -193,7 +193,7 @@ def render(runs: list[RunFacts], figure: str | None = None) -> str:
     for row in summarise(runs):
         lines.append(f"| {_row_label(row)} | {row['paper']:.4f} | {len(row['runs'])} | "
                      + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " | "
-                     + " | ".join(_cell(row["protocols"][k], digits, "not measured")
+                     + " | ".join(_cell(row["quality"][k], digits, "not measured")
                                   for (k, _), digits in zip(QUALITY, (1, 3))) + " |")
     lines += ["", "Mean +- sample standard deviation (ddof = 1) over the runs that finished the "
               "protocol; every run at the paper config with its own OS-entropy noise. "

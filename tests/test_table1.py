@@ -98,9 +98,9 @@ def test_fidelity_options_form_their_own_row_and_quality_is_averaged(results):
     rows = table1.summarise(table1.collect(str(results)))
     row = next(r for r in rows if r["fake_rendering"] == "teacher_labels")
     assert row["runs"] == ["fmnist-eps1-tl", "fmnist-eps1-tl2"]
-    assert row["protocols"]["fid"] == {"n": 2, "mean": 75.0,
+    assert row["quality"]["fid"] == {"n": 2, "mean": 75.0,
                                        "sd": pytest.approx(math.sqrt(50.0))}
-    assert row["protocols"]["label_agreement"] == {"n": 1, "mean": 0.5, "sd": None}
+    assert row["quality"]["label_agreement"] == {"n": 1, "mean": 0.5, "sd": None}
     assert all(r["fake_rendering"] == "class_grid" for r in rows if r is not row)
     text = table1.render(table1.collect(str(results)))
     assert ("| fashion_mnist, eps = 1, index partition, fake batches rendered teacher_labels "
