@@ -30,51 +30,18 @@ from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dclens.dpsgd.config import DpsgdConfig
-    from dclens.dpsgd.mechanisms import Method
+    from dclens.dpsgd.cli import add_config_arguments
 
-    defaults = DpsgdConfig()
     parser = argparse.ArgumentParser(
         prog="dpsgd.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
-    add = parser.add_argument
-    add("--method", choices=[m.value for m in Method], default=defaults.method.value)
-    add("--run_dir", required=True, help="run directory (resumed if it holds this run)")
-    add("--dataset", choices=("fashion_mnist", "mnist"), default=defaults.dataset)
-    add("--data_dir", help="data root (default: the dataset's default location)")
-    add("--max_records", type=int, help="use the first N training records only")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--target_eps", type=float, help=f"epsilon to calibrate sigma to "
-                        f"[default: {defaults.target_eps}]")
-    budget.add_argument("--sigma", type=float, help="the noise multiplier, as given")
-    add("--delta", type=float, default=defaults.delta)
-    add("--conversion", choices=("dp_accounting", "classic"), default=defaults.conversion.value)
-    add("--batch_size", type=int, default=defaults.batch_size,
-        help="expected Poisson batch size B (q = B / n)")
-    add("--epochs", type=float, default=defaults.epochs)
-    add("--learning_rate", type=float, default=defaults.learning_rate)
-    add("--momentum", type=float, default=defaults.momentum)
-    add("--clip", type=float, default=defaults.clip, help="C, the per-example L2 clip")
-    add("--topk", type=float, default=defaults.topk, help="NormTopK fraction k in (0, 1]")
-    add("--clip_embedding", type=float, default=defaults.clip_embedding, help="GEP S1")
-    add("--clip_residual", type=float, default=defaults.clip_residual, help="GEP S2")
-    add("--num_bases", type=int, default=defaults.num_bases, help="GEP: anchor bases k")
-    add("--num_groups", type=int, default=defaults.num_groups, help="GEP: parameter groups")
-    add("--anchors", type=int, default=defaults.anchors,
-        help="GEP: anchor images (random labels)")
-    add("--anchor_source", choices=("held_out", "noise"), default=defaults.anchor_source,
-        help="GEP: anchors are held-out training images (removed from the private set) "
-             "or uniform-noise images that touch no record")
-    add("--validation", type=int, default=defaults.validation,
-        help="held-out training images the evaluation epoch is chosen on")
-    add("--activation", choices=("relu", "tanh"), default=defaults.activation)
-    add("--seed", type=int, help="fix every draw, DP noise included (NOT for publication)")
-    add("--checkpoint_every", type=int, default=defaults.checkpoint_every)
-    add("--eval_every", type=int, default=defaults.eval_every,
-        help="steps between evaluations (0: once per epoch)")
-    add("--restart", action="store_true", help="set an existing run aside and start over")
-    add("--quiet", action="store_true", help="no progress bar or log lines")
+    parser.add_argument("--run_dir", required=True,
+                        help="run directory (resumed if it holds this run)")
+    add_config_arguments(parser)
+    parser.add_argument("--restart", action="store_true",
+                        help="set an existing run aside and start over")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
     return parser
 
 
@@ -84,24 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     from dclens import data, rundir
     from dclens.checkpoint import CheckpointError
     from dclens.dpsgd import train
-    from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
+    from dclens.dpsgd.cli import config_from_args
+    from dclens.dpsgd.config import DpsgdConfigError
     from dclens.journal import JournalError
 
-    target = args.target_eps if args.sigma is not None or args.target_eps is not None else 1.0
-    if args.sigma is not None:
-        target = None
     try:
-        config = DpsgdConfig(
-            method=args.method, dataset=args.dataset, data_dir=args.data_dir,
-            max_records=args.max_records, target_eps=target, sigma=args.sigma,
-            delta=args.delta, conversion=args.conversion, batch_size=args.batch_size,
-            epochs=args.epochs, learning_rate=args.learning_rate, momentum=args.momentum,
-            clip=args.clip, topk=args.topk, clip_embedding=args.clip_embedding,
-            clip_residual=args.clip_residual, num_bases=args.num_bases,
-            num_groups=args.num_groups, anchors=args.anchors,
-            anchor_source=args.anchor_source, validation=args.validation,
-            activation=args.activation, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, eval_every=args.eval_every)
+        config = config_from_args(args)
     except DpsgdConfigError as error:
         parser.error(str(error))
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
