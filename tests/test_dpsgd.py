@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from dclens.dpsgd import mechanisms as mech
+from dclens.dpsgd import per_example
 from dclens.dpsgd.models import sample_convnet
 
 
@@ -16,19 +17,72 @@ def _loss(labels, logits):
     return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-def test_per_example_gradients_equal_a_slow_loop():
-    model = sample_convnet(seed=0)
-    rng = np.random.default_rng(0)
-    images = tf.constant(rng.uniform(size=(4, 28, 28, 1)).astype(np.float32))
-    labels = tf.constant([1, 5, 5, 9])
-    got = mech.per_example_gradients(model, _loss, images, labels).numpy()
-    for i in range(4):
+def _slow_per_example(model, images, labels):
+    """One tape per example in a Python loop: the obviously correct reference."""
+    rows = []
+    for i in range(len(labels)):
         with tf.GradientTape() as tape:
             loss = _loss(labels[i:i + 1], model(images[i:i + 1], training=False))[0]
-        want = np.concatenate([g.numpy().ravel()
-                               for g in tape.gradient(loss, model.trainable_variables)])
-        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-7)
-    assert got.shape[1] == sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+        rows.append(np.concatenate([g.numpy().ravel()
+                                    for g in tape.gradient(loss, model.trainable_variables)]))
+    return np.stack(rows)
+
+
+def _odd_convnet():
+    """Same padding, stride 2 with dilation elsewhere, a bias-free conv and dense, average
+    pooling and a separate activation layer: the cases the layer-wise path must get right."""
+    import keras
+
+    init = [keras.initializers.GlorotUniform(seed=s) for s in range(4)]
+    layers = keras.layers
+    return keras.Sequential([
+        keras.Input(shape=(12, 12, 2)),
+        layers.Conv2D(5, 3, strides=2, padding="same", activation="tanh",
+                      kernel_initializer=init[0]),
+        layers.Conv2D(4, (3, 2), dilation_rate=(2, 1), use_bias=False,
+                      kernel_initializer=init[1]),
+        layers.Activation("relu"),
+        layers.AveragePooling2D(2, strides=1),
+        layers.Flatten(),
+        layers.Dense(6, use_bias=False, activation="relu", kernel_initializer=init[2]),
+        layers.Dense(10, kernel_initializer=init[3]),
+    ])
+
+
+@pytest.mark.parametrize("case", ["relu", "tanh", "odd"])
+def test_both_per_example_paths_equal_a_slow_loop(case):
+    model = _odd_convnet() if case == "odd" else sample_convnet(seed=0, activation=case)
+    shape = model.inputs[0].shape[1:]
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.uniform(size=(5, *shape)).astype(np.float32))
+    labels = tf.constant([1, 5, 5, 9, 0])
+    want = _slow_per_example(model, images, labels)
+    assert want.shape[1] == sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    assert per_example.supports_by_layer(model)
+    fast = tf.function(lambda x, y: per_example.by_layer(model, _loss, x, y))
+    for got in (per_example.by_layer(model, _loss, images, labels), fast(images, labels),
+                per_example.vectorized(model, _loss, images, labels),
+                per_example.per_example_gradients(model, _loss, images, labels)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_models_the_layer_wise_path_cannot_take_fall_back_to_the_reference():
+    import keras
+
+    model = keras.Sequential([keras.Input(shape=(6, 6, 1)),
+                              keras.layers.Conv2D(2, 3, kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
+                              keras.layers.LayerNormalization(),
+                              keras.layers.Flatten(),
+                              keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=2))])
+    assert not per_example.supports_by_layer(model)
+    with pytest.raises(ValueError, match="use per_example.vectorized"):
+        per_example.by_layer(model, _loss, tf.zeros((1, 6, 6, 1)), tf.constant([0]))
+    rng = np.random.default_rng(1)
+    images = tf.constant(rng.uniform(size=(3, 6, 6, 1)).astype(np.float32))
+    labels = tf.constant([2, 0, 7])
+    np.testing.assert_allclose(
+        per_example.per_example_gradients(model, _loss, images, labels).numpy(),
+        _slow_per_example(model, images, labels), rtol=1e-4, atol=1e-6)
 
 
 def test_clipping_bounds_every_row_and_leaves_small_rows():

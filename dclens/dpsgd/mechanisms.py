@@ -189,25 +189,3 @@ def poisson_batch(rng: np.random.Generator, num_examples: int, rate: float) -> n
     """Indices of a Poisson-sampled batch: every example joins independently w.p. ``rate``
     (the sampling the accounting assumes; the batch size varies, may be 0)."""
     return np.flatnonzero(rng.random(num_examples) < rate)
-
-
-def per_example_gradients(model, loss_fn, images: tf.Tensor, labels: tf.Tensor
-                          ) -> tf.Tensor:
-    """Every example's gradient of its own loss, flattened: [B, P] (vectorised).
-
-    ``loss_fn(labels, outputs)`` must return one loss per example.  Each example's own
-    forward and backward pass, vectorised over the batch with ``tf.vectorized_map`` (no
-    Python loop): O(B P) memory.  (The Jacobian of the batch's B losses would backpropagate
-    through the whole batch once per example: O(B^2) activations, out of memory at B =
-    512.)  The model must not mix examples (no batch norm in training mode).
-    """
-    variables = model.trainable_variables
-
-    def one(example):
-        x, y = example
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(loss_fn(y[None], model(x[None], training=False)))
-        grads = tape.gradient(loss, variables)
-        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-
-    return tf.vectorized_map(one, (tf.convert_to_tensor(images), tf.convert_to_tensor(labels)))

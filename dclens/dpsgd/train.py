@@ -41,7 +41,7 @@ import numpy as np
 from dclens import export, journal as journal_lib, rundir, sampled_ledger
 from dclens.checkpoint import CheckpointStore
 from dclens.dpsgd import gep as gep_lib
-from dclens.dpsgd import mechanisms, models
+from dclens.dpsgd import mechanisms, models, per_example
 from dclens.dpsgd.config import CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records
 from dclens.rng import SeedTree, Stream
 
@@ -116,7 +116,7 @@ class _Model:
         return self.tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
     def _per_example_impl(self, images, labels):
-        return mechanisms.per_example_gradients(self.keras, self._loss, images, labels)
+        return per_example.per_example_gradients(self.keras, self._loss, images, labels)
 
     def per_example(self, images: np.ndarray, labels: np.ndarray):
         """[B, P] per-example gradients ([0, P] for an empty sample)."""
