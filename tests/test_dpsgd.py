@@ -114,7 +114,7 @@ def test_norm_topk_matches_a_slow_reference_and_bounds_the_norm(fraction):
         assert np.sum(kept ** 2) <= fraction * np.sum(row ** 2) * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "ties", "scaled", "zeros"])
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "scaled", "zeros", "mixed"])
 def test_norm_topk_equals_the_literal_argsort_version_bit_for_bit(kind):
     """The fast path (one value sort, prefix length and tie ranks) against the literal
     argsort / cumsum / inverse-permutation version, on wide rows with float32 cumulative
@@ -123,7 +123,11 @@ def test_norm_topk_equals_the_literal_argsort_version_bit_for_bit(kind):
     rows = {"gaussian": rng.standard_normal((32, 3000)),
             "ties": np.round(rng.standard_normal((32, 3000)) * 2),
             "scaled": rng.standard_normal((32, 3000)) * rng.uniform(1e-3, 1e3, size=(32, 1)),
-            "zeros": np.zeros((4, 3000))}[kind]
+            "zeros": np.zeros((4, 3000)),
+            # heavy-tailed rows (like real gradients: a few coordinates hold most of the
+            # norm) beside Gaussian ones
+            "mixed": np.concatenate([rng.standard_t(1, (16, 3000)),
+                                     rng.standard_normal((16, 3000))])}[kind]
     rows = tf.constant(rows.astype(np.float32))
     for fraction in (1e-4, 0.05, 0.3, 0.8, 0.99):
         np.testing.assert_array_equal(mech.norm_topk(rows, fraction).numpy(),
