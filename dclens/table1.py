@@ -22,12 +22,11 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import math
 import os
-from typing import Iterable
 
 from dclens import config as cfg
 from dclens import export
+from dclens.reporting import mean_sd, write_marked_section
 
 BEGIN_MARK = "<!-- table1:begin (written by scripts/table1.py; edit outside the markers) -->"
 END_MARK = "<!-- table1:end -->"
@@ -123,18 +122,6 @@ def collect(results_dir: str) -> list[RunFacts]:
                 continue
         runs.append(read_report(path))
     return runs
-
-
-def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:
-    """(n, mean, sample standard deviation with ddof = 1, None for n < 2)."""
-    values = [float(v) for v in values]
-    if not values:
-        return 0, None, None
-    mean = math.fsum(values) / len(values)
-    if len(values) < 2:
-        return len(values), mean, None
-    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return len(values), mean, math.sqrt(variance)
 
 
 def summarise(runs: list[RunFacts]) -> list[dict]:
@@ -256,20 +243,6 @@ def plot(runs: list[RunFacts], path: str) -> None:
 
 
 def write_section(markdown_path: str, body: str) -> None:
-    """Replaces the text between the markers of ``markdown_path`` (atomically); a file
-    without the markers gets them, with ``body``, at its end."""
-    text = ""
-    if os.path.exists(markdown_path):
-        with open(markdown_path, encoding="utf-8") as handle:
-            text = handle.read()
-    section = f"{BEGIN_MARK}\n{body}\n{END_MARK}"
-    if BEGIN_MARK in text and END_MARK in text:
-        head, rest = text.split(BEGIN_MARK, 1)
-        tail = rest.split(END_MARK, 1)[1]
-        text = head + section + tail
-    elif BEGIN_MARK in text or END_MARK in text:
-        raise ValueError(f"{markdown_path} has only one of the table1 markers; restore "
-                         f"both ({BEGIN_MARK!r} and {END_MARK!r}) or remove the one left")
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "") + section + "\n"
-    export.atomic_write(markdown_path, lambda s: s.write(text), mode="w")
+    """Replaces the text between the table1 markers of ``markdown_path`` (atomically); a
+    file without the markers gets them, with ``body``, at its end."""
+    write_marked_section(markdown_path, body, BEGIN_MARK, END_MARK)

@@ -142,7 +142,7 @@ def test_section_is_replaced_between_the_markers_only(results, tmp_path):
     table1.write_section(str(markdown), "third")
     assert markdown.read_text().endswith("after the table\n")
     markdown.write_text(table1.BEGIN_MARK + "\nno end")
-    with pytest.raises(ValueError, match="only one of the table1 markers"):
+    with pytest.raises(ValueError, match="only one of the markers"):
         table1.write_section(str(markdown), "x")
 
 
