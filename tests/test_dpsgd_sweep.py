@@ -14,8 +14,10 @@ from conftest import load_script
 
 
 def test_grid_parses_typed_values_and_quotes_bad_specs():
-    grid = sweep.parse_grid(["learning_rate=0.5,2", "batch_size=16,32"])
-    assert grid == {"learning_rate": (0.5, 2.0), "batch_size": (16, 32)}
+    grid = sweep.parse_grid(["learning_rate=0.5,2", "batch_size=16,32", "activation=relu,tanh"])
+    assert grid == {"learning_rate": (0.5, 2.0), "batch_size": (16, 32),
+                    "activation": ("relu", "tanh")}
+    assert sweep.point_name({"activation": "tanh", "clip": 0.5}) == "activation-tanh_clip-0.5"
     assert isinstance(grid["batch_size"][0], int)
     for spec, match in ((["lr=1"], "'lr' cannot be varied"),
                         (["learning_rate"], "write NAME=V1,V2"),
@@ -25,7 +27,12 @@ def test_grid_parses_typed_values_and_quotes_bad_specs():
                         (["clip=1,1"], "a value repeats"),
                         (["clip=1", "clip=2"], "given twice"),
                         (["sigma=1", "target_eps=2"], "both sigma and target_eps"),
-                        (["method=gep"], "cannot be varied")):
+                        (["method=gep"], "cannot be varied"),
+                        (["activation=relu,sigmoid"], None)):
+        if match is None:                 # parses; the config check names the bad value
+            with pytest.raises(sweep.SweepError, match="activation = 'sigmoid'"):
+                sweep.expand(DpsgdConfig(), sweep.parse_grid(spec))
+            continue
         with pytest.raises(sweep.SweepError, match=match):
             sweep.parse_grid(spec)
 

@@ -23,11 +23,12 @@ from typing import Any, Callable
 from dclens import export
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
 
-#: The settings a grid may vary: numbers that do not change what the run's data is.
+#: The settings a grid may vary (the optimisation, the mechanism's parameters, the
+#: budget, the model's activation) and the type of their values.
 GRID_SETTINGS = {"learning_rate": float, "clip": float, "momentum": float, "epochs": float,
                  "batch_size": int, "topk": float, "clip_embedding": float,
                  "clip_residual": float, "num_bases": int, "sigma": float,
-                 "target_eps": float}
+                 "target_eps": float, "activation": str}
 
 SELECTION_CAVEAT = (
     "each point's epsilon covers that run alone; choosing among the points on validation "
@@ -75,7 +76,8 @@ def parse_grid(specs: list[str]) -> dict[str, tuple]:
 
 def point_name(settings: dict[str, Any]) -> str:
     """The directory name of one grid point, e.g. ``learning_rate-0.5_clip-1``."""
-    return "_".join(f"{name}-{value:g}" for name, value in settings.items()) or "base"
+    return "_".join(f"{name}-{value:g}" if not isinstance(value, str) else f"{name}-{value}"
+                    for name, value in settings.items()) or "base"
 
 
 def expand(base: DpsgdConfig, grid: dict[str, tuple]) -> list[tuple[dict[str, Any], DpsgdConfig]]:
