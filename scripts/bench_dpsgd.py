@@ -9,7 +9,9 @@ On random images and labels of Fashion-MNIST's shape with ``scripts/dpsgd.py``'s
 model (Opacus' MNIST CNN), median seconds over ``--repeats`` of: the [B, P] per-example
 gradients by layer-wise outer products (``per_example.by_layer``, the default) and by
 ``tf.vectorized_map`` (the reference; their largest difference is printed), per-example
-clipping, and NormTopK (TopAgg for DP-SGD, Alg. 4) by the fast path
+GEP's anchor subspace (``--anchors`` per-example gradients, then one power iteration per
+group: TensorFlow float32 against the NumPy float64 reference, same span), clipping, and
+NormTopK (TopAgg for DP-SGD, Alg. 4) by the fast path
 (one value sort, the kept prefix's length and tie ranks; ``norm_topk``) and by the literal
 argsort / cumsum / inverse permutation (``norm_topk_literal``). The two masks are checked
 equal. The float32 matmul peak of this machine, measured in the same run, and the CPU's
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import sys
 
@@ -37,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="examples per step (dpsgd.py's expected batch) [default: 512]")
     parser.add_argument("--fraction", type=float, default=0.8,
                         help="NormTopK's k, a fraction in (0, 1) [default: 0.8]")
+    parser.add_argument("--anchors", type=int, default=2000,
+                        help="GEP anchor gradients for the basis timing [default: 2000]")
+    parser.add_argument("--num_bases", type=int, default=500,
+                        help="GEP bases over all groups [default: 500, dpsgd.py's]")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed repetitions of each part (median) [default: 3]")
     return parser
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from dclens import bench, teacher_conv
-    from dclens.dpsgd import mechanisms, models, per_example
+    from dclens.dpsgd import gep, mechanisms, models, per_example
 
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(0, 1, (args.batch, 28, 28, 1)).astype(np.float32))
@@ -72,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     gradients = fast_gradients(images, labels)
     reference = loop_gradients(images, labels)
     clipped = mechanisms.clip_rows(gradients, 1.0)
+    anchor_images = tf.constant(rng.uniform(0, 1, (args.anchors, 28, 28, 1)).astype(np.float32))
+    anchor_labels = tf.constant(rng.integers(0, 10, args.anchors), tf.int64)
+    anchor_grads = fast_gradients(anchor_images, anchor_labels)
+    anchor_grads_numpy = anchor_grads.numpy()
+    groups = gep.group_sizes(int(anchor_grads.shape[1]), 3)
+
+    def bases(build):
+        return build(anchor_grads_numpy if build is gep.anchor_bases_reference
+                     else anchor_grads, groups, args.num_bases, rng=np.random.default_rng(1))
     fast = mechanisms.norm_topk(clipped, args.fraction).numpy()
     literal = mechanisms.norm_topk_literal(clipped, args.fraction).numpy()
     seconds = {
@@ -79,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             lambda: fast_gradients(images, labels).numpy(), args.repeats),
         "per_example_vectorized_map": bench.median_seconds(
             lambda: loop_gradients(images, labels).numpy(), args.repeats),
+        "gep_anchor_gradients": bench.median_seconds(
+            lambda: fast_gradients(anchor_images, anchor_labels).numpy(), args.repeats),
+        "gep_bases_tensorflow_float32": bench.median_seconds(
+            lambda: bases(gep.anchor_bases), args.repeats),
+        "gep_bases_numpy_float64": bench.median_seconds(
+            lambda: bases(gep.anchor_bases_reference), args.repeats),
         "clip": bench.median_seconds(
             lambda: mechanisms.clip_rows(gradients, 1.0).numpy(), args.repeats),
         "norm_topk_fast": bench.median_seconds(
@@ -95,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         "norm_topk_speedup": seconds["norm_topk_literal"] / seconds["norm_topk_fast"],
         "per_example_speedup": (seconds["per_example_vectorized_map"]
                                 / seconds["per_example_by_layer"]),
+        "gep_bases_speedup": (seconds["gep_bases_numpy_float64"]
+                              / seconds["gep_bases_tensorflow_float32"]),
+        # ||A A^T - B B^T||_F^2 = ||A - B B^T A||_F^2 + ||B - A A^T B||_F^2 (A, B orthonormal)
+        "gep_bases_projection_distance": max(
+            math.sqrt(float(np.sum((a - b @ (b.T @ a)) ** 2) + np.sum((b - a @ (a.T @ b)) ** 2)))
+            for a, b in zip((x.astype(np.float64) for x in bases(gep.anchor_bases)),
+                            bases(gep.anchor_bases_reference))),
         "per_example_max_abs_difference": float(tf.reduce_max(tf.abs(gradients - reference))),
         "norm_topk_masks_equal": bool(np.array_equal(fast, literal)),
         "kept_fraction_of_coordinates": float(np.mean(fast != 0)),

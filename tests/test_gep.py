@@ -30,6 +30,22 @@ def test_anchor_bases_are_orthonormal_and_capture_the_anchor_span():
     np.testing.assert_allclose(projected, anchors, atol=1e-4 * np.abs(anchors).max())
 
 
+def test_anchor_bases_span_what_a_float64_reference_spans():
+    """The TensorFlow float32 power iteration against NumPy float64 (L drawn from the same
+    generator state): the projections V V^T agree, group by group."""
+    rng = np.random.default_rng(5)
+    anchors = rng.standard_normal((200, 20)) @ rng.standard_normal((20, 300))
+    anchors += 0.01 * rng.standard_normal((200, 300))       # a dominant 20-dim span
+    sizes = gep.group_sizes(300, 2)
+    got = gep.anchor_bases(anchors, sizes, num_bases=24, rng=np.random.default_rng(9))
+    want = gep.anchor_bases_reference(anchors, sizes, num_bases=24,
+                                      rng=np.random.default_rng(9))
+    for basis, reference in zip(got, want):
+        assert basis.shape == reference.shape and basis.dtype == np.float32
+        np.testing.assert_allclose(basis.astype(np.float64) @ basis.T,
+                                   reference @ reference.T, atol=2e-4)
+
+
 def test_noise_off_full_rank_reconstructs_the_clipped_mean_gradient():
     rng = np.random.default_rng(1)
     grads = rng.standard_normal((6, 12)).astype(np.float32) * 0.1     # no clip binds

@@ -185,7 +185,7 @@ class _Mechanism:
             return self.clipping.aggregate(per_example, expected_batch=expected,
                                            noise=noise).numpy()
         anchor_grads = self.model.per_example(self.split.anchor_images,
-                                              self.split.anchor_labels).numpy()
+                                              self.split.anchor_labels)
         bases = gep_lib.anchor_bases(anchor_grads, self.groups, config.num_bases,
                                      rng=self.seeds.numpy(Stream.ANCHOR_BASIS, step))
         k = sum(b.shape[1] for b in bases)
