@@ -139,6 +139,31 @@ def test_norm_topk_equals_the_literal_argsort_version_bit_for_bit(kind):
                                   mech.norm_topk_literal(rows, 0.8).numpy())
 
 
+def test_kept_prefix_from_the_partitioned_top_equals_the_full_sort():
+    """The prefix length and end value from the partitioned top (and its retries) against
+    the full descending sort, on rows like a ReLU net's squared gradients (most entries
+    exactly 0, the rest heavy-tailed) beside Gaussian and all-zero rows, so that every
+    path runs: found in the first top (P / 8), after a retry, by the full sort."""
+    rng = np.random.default_rng(3)
+    width = 4000
+    sparse = np.square(rng.standard_t(1, (8, width))) * (rng.random((8, width)) < 0.35)
+    squares = np.concatenate([sparse, np.square(rng.standard_normal((6, width))),
+                              np.zeros((2, width))]).astype(np.float32)
+    rows = np.arange(len(squares))
+    found_first = found_later = 0
+    for fraction in (0.01, 0.3, 0.8, 0.999):
+        target = (fraction * squares.sum(axis=1, keepdims=True)).astype(np.float32)
+        count, last = mech._kept_prefix(squares, target)
+        ordered = np.sort(squares, axis=1)[:, ::-1]
+        want = np.sum(np.cumsum(ordered, axis=1, dtype=np.float32) <= target, axis=1)
+        np.testing.assert_array_equal(count, want, err_msg=f"fraction {fraction}")
+        np.testing.assert_array_equal(last, ordered[rows, np.maximum(want - 1, 0)])
+        found_first += int(np.sum((want < width // 8) & (want > 0)))
+        found_later += int(np.sum((want >= width // 8) & (want < width)))
+    assert found_first and found_later                  # both the first top and retries ran
+    assert np.all(mech._kept_prefix(squares[-2:], np.zeros((2, 1), np.float32))[0] == width)
+
+
 @pytest.mark.parametrize("method, topk", [(mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.7),
                                           (mech.Method.TOPAGG_DIMENSION, 0.7)])
 def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):

@@ -117,24 +117,62 @@ def clip_rows(rows: tf.Tensor, clip: float) -> tf.Tensor:
     return rows / tf.maximum(1.0, norms / clip)
 
 
+def _kept_prefix(squares: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of ``squares`` [B, P] (>= 0): the length ``count`` of the longest prefix
+    of its descending order whose float32 running sum is <= ``target`` [B, 1], and the
+    value ``last`` at the prefix's end (the largest value when ``count`` is 0).
+
+    Only the top of each row is sorted. The m largest values are found by a linear-time
+    partition (exact zeros -- most of a ReLU net's squared gradient -- are first replaced
+    by distinct negative numbers, which keeps the partition off its many-equal-values
+    worst case and sorts them below every positive value), then sorted. If the running sum
+    passes the target inside them, at position e, the prefix is the first e values: they
+    are the first e of the full descending order, summed in the same order, so the floats
+    are the same; fillers cannot come first (a negative addend cannot pass the target).
+    Other rows are tried again with 4m, and at m = P by the full sort as defined."""
+    rows_total, width = squares.shape
+    count = np.zeros(rows_total, np.int64)
+    last = np.zeros(rows_total, squares.dtype)
+    fillers = -1.0 - np.arange(width, dtype=squares.dtype)
+    filled = np.where(squares > 0, squares, fillers)
+    pending = np.arange(rows_total)
+    size = max(1, width // 8)
+    while pending.size:
+        if size >= width:                                  # the full sort, as defined
+            ordered = np.sort(squares[pending], axis=1)[:, ::-1]
+            cumulative = np.cumsum(ordered, axis=1, dtype=np.float32)
+            found = np.sum(cumulative <= target[pending], axis=1)
+            count[pending] = found
+            last[pending] = ordered[np.arange(len(pending)), np.maximum(found - 1, 0)]
+            break
+        top = np.sort(np.partition(filled[pending], width - size, axis=1)[:, width - size:],
+                      axis=1)[:, ::-1]
+        exceeds = np.cumsum(top, axis=1, dtype=np.float32) > target[pending]
+        done = exceeds.any(axis=1)
+        found = np.argmax(exceeds, axis=1)[done]
+        count[pending[done]] = found
+        last[pending[done]] = top[done][np.arange(len(found)), np.maximum(found - 1, 0)]
+        pending = pending[~done]
+        size = min(width, 4 * size)
+    return count, last
+
+
 def _norm_topk_mask(squares: np.ndarray, target: np.ndarray) -> np.ndarray:
     """The NormTopK mask of each row of ``squares`` [B, P] for its ``target`` [B, 1].
 
     The kept set is a prefix of the descending order of g^2, so only its length ``count``
-    and the value ``last`` at its end are needed: every coordinate above ``last`` is kept,
-    and of those equal to it the first ``count - (number above)`` in index order. One
-    sort of values (NumPy's: several times faster on CPU than ``tf.sort``, which sorts
-    through a full top-k) and no argsort or inverse permutation; the float32 cumulative
-    sum is taken in the same order as the literal version's, so the masks are equal bit
-    for bit (tested)."""
-    ordered = np.sort(squares, axis=1)[:, ::-1]
-    cumulative = np.cumsum(ordered, axis=1, dtype=np.float32)
-    count = np.sum(cumulative <= target, axis=1)
-    last = ordered[np.arange(len(ordered)), np.maximum(count - 1, 0)][:, None]
+    and the value ``last`` at its end are needed (:func:`_kept_prefix`, which sorts only
+    the top of each row): every coordinate above ``last`` is kept, and of those equal to
+    it the first ``count - (number above)`` in index order. No argsort or inverse
+    permutation; the float32 cumulative sum is taken in the same order as the literal
+    version's, so the masks are equal bit for bit (tested)."""
+    count, last = _kept_prefix(squares, target)
+    last = last[:, None]
     keep = squares >= last
     ties = squares == last
-    room = count - (np.sum(keep, axis=1) - np.sum(ties, axis=1))   # ties the prefix takes
-    partial = np.flatnonzero(room < np.sum(ties, axis=1))       # rows that cut a tie group
+    tied = np.count_nonzero(ties, axis=1)
+    room = count - (np.count_nonzero(keep, axis=1) - tied)      # ties the prefix takes
+    partial = np.flatnonzero(room < tied)                       # rows that cut a tie group
     if partial.size:
         rank = np.cumsum(ties[partial], axis=1)                 # 1-based, index order
         keep[partial] &= ~ties[partial] | (rank <= room[partial, None])
@@ -147,7 +185,7 @@ def norm_topk(rows: tf.Tensor, fraction: float) -> tf.Tensor:
     sum (float32, in descending order) is <= fraction * ||g||^2, zero the rest; ties in
     g^2 are taken in index order. fraction >= 1 keeps every coordinate (GM-DP).
 
-    The mask comes from :func:`_norm_topk_mask` (one value sort; equal bit for bit to
+    The mask comes from :func:`_norm_topk_mask` (a partial value sort; equal bit for bit to
     :func:`norm_topk_literal`, tested; ``scripts/bench_dpsgd.py`` measures the two).
     """
     rows = tf.convert_to_tensor(rows, tf.float32)
