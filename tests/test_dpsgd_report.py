@@ -78,6 +78,8 @@ def test_a_sweep_is_published_with_its_points_and_the_readme_text_is_kept(tmp_pa
     text = (results / "README.md").read_text()
     assert text.startswith("# Hand-written\n\nkept\n") and report.BEGIN_MARK in text
     assert "Chosen on validation: **learning_rate-2**" in text
+    assert "`sweep-learning_rate-2` (chosen on validation in its sweep)" in text
+    assert "`sweep-learning_rate-0.5` (chosen" not in text
     assert "no epsilon here covers" in text
     assert cli.main(["render", "--results", str(results)]) == 0
     assert (results / "README.md").read_text() == text                  # idempotent

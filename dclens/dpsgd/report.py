@@ -108,6 +108,7 @@ def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
     from dclens.dpsgd.config import DpsgdConfig
 
     defaults = DpsgdConfig().to_dict()
+    chosen = {f"{sweep['name']}-{sweep['chosen']['name']}" for sweep in sweeps or []}
     rows: dict[tuple, list[Run]] = {}
     for run in runs:
         rows.setdefault(run.row_key, []).append(run)
@@ -119,7 +120,9 @@ def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
         first = members[0]
         budget = (f"eps {first.target_eps:g}" if first.target_eps is not None
                   else f"sigma {first.sigma_given:g} given")
-        files = ", ".join(f"`{m.name}`" + (" (seeded)" if m.seeded else "") for m in members)
+        files = ", ".join(f"`{m.name}`" + (" (seeded)" if m.seeded else "")
+                          + (" (chosen on validation in its sweep)" if m.name in chosen else "")
+                          for m in members)
         epsilon = max(m.epsilon for m in members)
         lines.append(
             f"| {first.method} | {budget} | {_describe(first.settings, defaults)} | "
@@ -132,12 +135,12 @@ def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
                  "with its own noise; epsilon at delta = 1e-5 unless the settings say "
                  "otherwise, for adding or removing one private example.")
     for sweep in sweeps or []:
-        chosen = sweep["chosen"]
+        best = sweep["chosen"]
         points = ", ".join(f"{row['name']}: val {row['validation_at_chosen']:.4f} / test "
                            f"{row['test_at_chosen']:.4f}" for row in sweep["rows"])
         lines += ["", f"**Sweep `{sweep['name']}`** ({sweep['base']['method']}, "
                       f"{len(sweep['rows'])} of {sweep['points_planned']} points): {points}. "
-                      f"Chosen on validation: **{chosen['name']}**. "
+                      f"Chosen on validation: **{best['name']}**. "
                       f"{sweep['privacy_of_the_choice'][0].upper()}"
                       f"{sweep['privacy_of_the_choice'][1:]}"]
     return "\n".join(lines)
