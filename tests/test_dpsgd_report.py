@@ -25,7 +25,7 @@ def _write_run(folder, *, test, validation=0.5, seed=None, **config):
 
 def test_runs_group_by_method_budget_and_settings_with_mean_and_sd(tmp_path):
     results = tmp_path / "results"
-    for name, test, lr in (("a", 0.70, 2.0), ("b", 0.80, 2.0), ("c", 0.60, 0.5)):
+    for name, test, lr in (("a", 0.70, 3.0), ("b", 0.80, 3.0), ("c", 0.60, 0.5)):
         report.publish_run(str(_write_run(tmp_path / name, test=test, learning_rate=lr)),
                            str(results))
     report.publish_run(str(_write_run(tmp_path / "t", test=0.5, method="topagg", seed=4)),
@@ -33,10 +33,10 @@ def test_runs_group_by_method_budget_and_settings_with_mean_and_sd(tmp_path):
     table = report.render(report.collect(str(results)))
     lines = [line for line in table.splitlines() if line.startswith("| gm")]
     assert len(lines) == 2
-    lr2 = next(line for line in lines if "lr 2" in line)
-    assert "0.7500 +- 0.0707 (2 runs)" in lr2 and "`a`, `b`" in lr2
+    lr3 = next(line for line in lines if "lr 3" in line)
+    assert "0.7500 +- 0.0707 (2 runs)" in lr3 and "`a`, `b`" in lr3
     assert "0.6000 (1 run)" in next(line for line in lines if "lr 0.5" in line)
-    assert "| topagg | eps 1 | defaults | 1 | 0.5000 (1 run)" in table
+    assert "| topagg | eps 1 | defaults | 1 | 0.5000 (1 run)" in table    # its own lr default
     assert "`t` (seeded)" in table
 
 

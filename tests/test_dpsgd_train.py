@@ -174,6 +174,17 @@ def test_settings_are_checked_by_name():
             DpsgdConfig(**changes)
 
 
+def test_the_learning_rate_defaults_per_method_and_a_given_one_is_kept():
+    from dclens.dpsgd.config import DEFAULT_LEARNING_RATES
+
+    assert DpsgdConfig().learning_rate == DEFAULT_LEARNING_RATES[DpsgdConfig().method] == 2.0
+    assert DpsgdConfig(method="gep").learning_rate == 0.1
+    assert DpsgdConfig(method="topagg", learning_rate=0.7).learning_rate == 0.7
+    assert DpsgdConfig(method="gep").to_dict()["learning_rate"] == 0.1     # stored resolved
+    with pytest.raises(DpsgdConfigError, match="learning_rate = -1"):
+        DpsgdConfig(learning_rate=-1.0)
+
+
 def test_cli_runs_and_reports(tiny_fmnist_dir, tmp_path, capsys):
     cli = _cli()
     code = cli.main(["--method", "topagg", "--data_dir", str(tiny_fmnist_dir),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from dclens.dpsgd.config import DpsgdConfig
+from dclens.dpsgd.config import DEFAULT_LEARNING_RATES, DpsgdConfig
 from dclens.dpsgd.mechanisms import Method
 
 
@@ -26,7 +26,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add("--batch_size", type=int, default=defaults.batch_size,
         help="expected Poisson batch size B (q = B / n)")
     add("--epochs", type=float, default=defaults.epochs)
-    add("--learning_rate", type=float, default=defaults.learning_rate)
+    add("--learning_rate", type=float, help="plain SGD step (with --momentum) [default: "
+        + ", ".join(f"{m.value} {lr:g}" for m, lr in DEFAULT_LEARNING_RATES.items()) + "]")
     add("--momentum", type=float, default=defaults.momentum)
     add("--clip", type=float, default=defaults.clip, help="C, the per-example L2 clip")
     add("--topk", type=float, default=defaults.topk, help="NormTopK fraction k in (0, 1]")

@@ -90,7 +90,8 @@ def collect(results_dir: str) -> list[Run]:
 
 
 def _describe(settings: tuple[tuple[str, object], ...], defaults: dict) -> str:
-    """The settings that differ from ``scripts/dpsgd.py``'s defaults, e.g. ``lr 2``."""
+    """The settings that differ from ``scripts/dpsgd.py``'s defaults for the method (as
+    they are now), e.g. ``lr 4``."""
     short = {"learning_rate": "lr", "momentum": "momentum", "clip": "C", "topk": "k",
              "epochs": "epochs", "batch_size": "B", "clip_embedding": "S1",
              "clip_residual": "S2", "num_bases": "bases", "anchors": "anchors"}
@@ -106,8 +107,9 @@ def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
     """The markdown between the markers: one row per (method, budget, settings), then one
     line per sweep."""
     from dclens.dpsgd.config import DpsgdConfig
+    from dclens.dpsgd.mechanisms import Method
 
-    defaults = DpsgdConfig().to_dict()
+    defaults = {m.value: DpsgdConfig(method=m).to_dict() for m in Method}
     chosen = {f"{sweep['name']}-{sweep['chosen']['name']}" for sweep in sweeps or []}
     rows: dict[tuple, list[Run]] = {}
     for run in runs:
@@ -125,7 +127,7 @@ def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
                           for m in members)
         epsilon = max(m.epsilon for m in members)
         lines.append(
-            f"| {first.method} | {budget} | {_describe(first.settings, defaults)} | "
+            f"| {first.method} | {budget} | {_describe(first.settings, defaults[first.method])} | "
             f"{len(members)} | {mean_sd_cell([m.test for m in members])} | "
             f"{mean_sd(m.validation for m in members)[1]:.4f} | "
             f"{mean_sd(m.test_final for m in members)[1]:.4f} | <= {epsilon:.4f} | "
