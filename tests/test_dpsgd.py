@@ -28,9 +28,10 @@ def _slow_per_example(model, images, labels):
     return np.stack(rows)
 
 
-def _odd_convnet():
-    """Same padding, stride 2 with dilation elsewhere, a bias-free conv and dense, average
-    pooling and a separate activation layer: the cases the layer-wise path must get right."""
+def _odd_convnet(dilation: tuple[int, int] = (1, 1)):
+    """Same padding, stride 2, a non-square kernel (dilated if asked), a bias-free conv and
+    dense, average pooling and a separate activation layer: the cases the layer-wise path
+    must get right."""
     import keras
 
     init = [keras.initializers.GlorotUniform(seed=s) for s in range(4)]
@@ -39,7 +40,8 @@ def _odd_convnet():
         keras.Input(shape=(12, 12, 2)),
         layers.Conv2D(5, 3, strides=2, padding="same", activation="tanh",
                       kernel_initializer=init[0]),
-        layers.Conv2D(4, (3, 2), dilation_rate=(2, 1), use_bias=False,
+        layers.Conv2D(4, (3, 2), strides=(1, 2) if dilation == (1, 1) else 1,
+                      dilation_rate=dilation, use_bias=False,
                       kernel_initializer=init[1]),
         layers.Activation("relu"),
         layers.AveragePooling2D(2, strides=1),
@@ -49,9 +51,11 @@ def _odd_convnet():
     ])
 
 
-@pytest.mark.parametrize("case", ["relu", "tanh", "odd"])
+@pytest.mark.parametrize("case", ["relu", "tanh", "odd", "dilated"])
 def test_both_per_example_paths_equal_a_slow_loop(case):
-    model = _odd_convnet() if case == "odd" else sample_convnet(seed=0, activation=case)
+    # "dilated" also runs where TF's CPU Conv2D kernel (oneDNN off) has no dilated gradient
+    models = {"odd": _odd_convnet, "dilated": lambda: _odd_convnet(dilation=(2, 1))}
+    model = models[case]() if case in models else sample_convnet(seed=0, activation=case)
     shape = model.inputs[0].shape[1:]
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(size=(5, *shape)).astype(np.float32))

@@ -51,8 +51,10 @@ def supports_by_layer(model) -> bool:
 
 
 def _conv_pre_activation(layer, h):
-    z = tf.nn.conv2d(h, layer.kernel, strides=[1, *layer.strides, 1],
-                     padding=layer.padding.upper(), dilations=[1, *layer.dilation_rate, 1])
+    # tf.nn.convolution, as Keras' TF backend: it handles dilation by space-to-batch where
+    # the CPU kernel cannot (without oneDNN, Conv2D has no dilated input gradient).
+    z = tf.nn.convolution(h, layer.kernel, strides=layer.strides,
+                          padding=layer.padding.upper(), dilations=layer.dilation_rate)
     return z + layer.bias if layer.use_bias else z
 
 
