@@ -759,6 +759,16 @@ def render_markdown(report: dict) -> str:
                       f"sample's label; class-conditional fidelity): "
                       f"**{q['label_agreement']:.4f}** (real test images "
                       f"{_fmt(q.get('reference_label_agreement'))})."]
+        per_class = q.get("per_class")
+        if per_class and per_class.get("intra_fid") is not None:
+            lines += ["", f"Per class ({per_class['classes_scored']} classes, each label's "
+                      f"samples against the real test images of that class): intra-class "
+                      f"FID **{per_class['intra_fid']:.3f}**, spread ratio "
+                      f"**{per_class['spread_ratio']:.3f}** (1 = as diverse as the real "
+                      f"class). By class: "
+                      + ", ".join(f"{e['class']}: {_fmt(e['intra_fid'], 1)} / "
+                                  f"{_fmt(e['spread_ratio'], 2)}"
+                                  for e in per_class["per_class"]) + "."]
         lines += ["", f"Note: {q['note']}. Domain classifier key `{q['classifier_key']}`, its "
                   f"real test accuracy {_fmt(q.get('classifier_test_accuracy'))}."
                   + (f" Measured after the evaluation, by `{q['provenance']['command']}` at "

@@ -36,8 +36,10 @@ PROTOCOLS = (("val", "`val` (headline)"), ("sen", "`sen`"),
              ("authors_range1", "`authors`, range 1"),
              ("authors_range10", "`authors`, range 10"))
 
-#: (sample-quality key, column heading): the domain classifier's, beside the accuracies.
-QUALITY = (("fid", "FID"), ("label_agreement", "label agreement"))
+#: (sample-quality key, column heading, digits): the domain classifier's, beside the
+#: accuracies (dclens.quality: FID, label agreement, and the per-class scores).
+QUALITY = (("fid", "FID", 1), ("label_agreement", "label agreement", 3),
+           ("intra_fid", "intra-class FID", 1), ("spread_ratio", "spread ratio", 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,8 @@ class RunFacts:
     curves: dict[str, dict]                   # protocol key -> {"epoch": [...], "test": [...]}
     fid: float | None = None                  # domain-classifier FID to the real test set
     label_agreement: float | None = None      # share of samples classified as their label
+    intra_fid: float | None = None            # mean over classes of the class's FID
+    spread_ratio: float | None = None         # mean over classes of its spread / the real one
 
     @property
     def row_key(self) -> tuple[str, int, str, str]:
@@ -109,7 +113,9 @@ def read_report(path: str) -> RunFacts:
         partition=cfg.partition_kind(train),
         fake_rendering=train.get("fake_rendering", cfg.FakeRendering.CLASS_GRID.value),
         curves=curves, fid=quality.get("fid"),
-        label_agreement=quality.get("label_agreement"))
+        label_agreement=quality.get("label_agreement"),
+        intra_fid=(quality.get("per_class") or {}).get("intra_fid"),
+        spread_ratio=(quality.get("per_class") or {}).get("spread_ratio"))
 
 
 def collect(results_dir: str) -> list[RunFacts]:
@@ -143,7 +149,7 @@ def summarise(runs: list[RunFacts]) -> list[dict]:
                     "protocols": {key: stat(r.accuracy.get(key) for r in members)
                                   for key, _ in PROTOCOLS},
                     "quality": {key: stat(getattr(r, key) for r in members)
-                                for key, _ in QUALITY},
+                                for key, _, _ in QUALITY},
                     "epsilon": mean_sd(r.epsilon for r in members if r.epsilon is not None)[1]})
     return out
 
@@ -175,19 +181,23 @@ def _value(run: RunFacts, key: str) -> str:
 def render(runs: list[RunFacts], figure: str | None = None) -> str:
     """The markdown between the markers: the summary table, then one line per run."""
     lines = ["| row | paper (Table 1) | runs | " + " | ".join(h for _, h in PROTOCOLS)
-             + " | " + " | ".join(h for _, h in QUALITY) + " |",
+             + " | " + " | ".join(h for _, h, _ in QUALITY) + " |",
              "|---" * (3 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for row in summarise(runs):
         lines.append(f"| {_row_label(row)} | {row['paper']:.4f} | {len(row['runs'])} | "
                      + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " | "
                      + " | ".join(_cell(row["quality"][k], digits, "not measured")
-                                  for (k, _), digits in zip(QUALITY, (1, 3))) + " |")
+                                  for k, _, digits in QUALITY) + " |")
     lines += ["", "Mean +- sample standard deviation (ddof = 1) over the runs that finished the "
               "protocol; every run at the paper config with its own OS-entropy noise. "
               "FID and label agreement (the share of samples the domain classifier assigns "
-              "to their own label) are the domain classifier's, on 10,000 samples.", "",
+              "to their own label) are the domain classifier's, on 10,000 samples; so are "
+              "the intra-class FID (each label's samples against the real test images of "
+              "that class, averaged over the classes) and the spread ratio (the RMS distance "
+              "of a class's samples from their mean over the real class's, averaged; below 1 "
+              "is less diverse than the real data).", "",
               "| run (`results/...`) | epsilon (steps) | " + " | ".join(h for _, h in PROTOCOLS)
-              + " | " + " | ".join(h for _, h in QUALITY)
+              + " | " + " | ".join(h for _, h, _ in QUALITY)
               + " | partition | fake batches | generator init | commit | CPU |",
               "|---" * (7 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for run in runs:
@@ -195,7 +205,7 @@ def render(runs: list[RunFacts], figure: str | None = None) -> str:
         lines.append(f"| `{run.name}` | {eps} | "
                      + " | ".join(_value(run, k) for k, _ in PROTOCOLS) + " | "
                      + " | ".join("--" if v is None else f"{v:.{d}f}" for v, d in
-                                  ((run.fid, 1), (run.label_agreement, 3)))
+                                  ((getattr(run, k), d) for k, _, d in QUALITY))
                      + f" | {run.partition} | {run.fake_rendering} | {run.generator_init} | "
                      f"`{run.commit}` | "
                      f"{run.cpu} |")

@@ -212,6 +212,59 @@ def test_scores_on_known_inputs():
     assert quality.fid_from_features(features, shifted) == pytest.approx(72.0, rel=1e-6)
 
 
+def test_class_conditional_scores_against_closed_form():
+    """Each synthetic class c ~ N(m_c, s_c^2 I_D), each real class ~ N(0, I_D): the intra-class
+    FID is |m_c|^2 + D (s_c - 1)^2 and the spread ratio s_c. With n = 20,000 rows per side the
+    estimated mean shift's cross term 2 m . delta has sd 2 |m| sqrt((s^2 + 1) / n) (0.13 for
+    the last class); tolerance 4 such sd + 0.05 for the covariance term; 1% on the ratio."""
+    rng = np.random.default_rng(1)
+    dim, n = 4, 20000
+    shifts, scales = [0.0, 1.0, 2.0], [1.0, 0.5, 2.0]
+    features, labels, real, real_labels = [], [], [], []
+    for c, (shift, scale) in enumerate(zip(shifts, scales)):
+        features.append(shift + scale * rng.normal(size=(n, dim)))
+        real.append(rng.normal(size=(n, dim)))
+        labels += [c] * n
+        real_labels += [c] * n
+    result = quality.class_conditional_scores(np.concatenate(features), np.array(labels),
+                                              np.concatenate(real), np.array(real_labels),
+                                              num_classes=4)
+    expected = [dim * m * m + dim * (s - 1) ** 2 for m, s in zip(shifts, scales)]
+    tolerances = [4 * 2 * np.sqrt(dim) * m * np.sqrt((s * s + 1) / n) + 0.05
+                  for m, s in zip(shifts, scales)]
+    for entry, want, scale, tol in zip(result["per_class"], expected, scales, tolerances):
+        assert entry["intra_fid"] == pytest.approx(want, abs=tol)
+        assert entry["spread_ratio"] == pytest.approx(scale, rel=0.01)
+    # Class 3 has no rows: unscored, left out of the means.
+    assert result["per_class"][3] == {"class": 3, "samples": 0, "intra_fid": None,
+                                      "spread_ratio": None}
+    assert result["classes_scored"] == 3
+    assert result["intra_fid"] == pytest.approx(np.mean(expected), abs=max(tolerances))
+    assert result["spread_ratio"] == pytest.approx(np.mean(scales), rel=0.01)
+
+
+def test_intra_fid_sees_swapped_classes_that_fid_does_not():
+    """Two well separated real classes; the 'samples' are the real images with the two labels
+    swapped. The whole-set FID is 0; the intra-class FID is the squared distance of the two
+    class means (|6 * ones_3|^2 = 108) plus a covariance term of O(D / n) (the two classes'
+    sample covariances differ slightly; tolerance 1.0), and each class's spread ratio is the
+    other class's spread over its own."""
+    rng = np.random.default_rng(2)
+    real = np.concatenate([rng.normal(size=(500, 3)), 6.0 + rng.normal(size=(500, 3))])
+    labels = np.repeat([0, 1], 500)
+    assert quality.fid_from_features(real, real) == pytest.approx(0.0, abs=1e-6)
+    same = quality.class_conditional_scores(real, labels, real, labels, num_classes=2)
+    assert same["intra_fid"] == pytest.approx(0.0, abs=1e-6)
+    swapped = quality.class_conditional_scores(real, 1 - labels, real, labels, num_classes=2)
+    empirical = np.sum((real[:500].mean(0) - real[500:].mean(0)) ** 2)
+    assert swapped["intra_fid"] == pytest.approx(empirical, abs=1.0)
+    assert empirical == pytest.approx(108.0, rel=0.05)
+    for entry in swapped["per_class"]:
+        assert entry["spread_ratio"] == pytest.approx(
+            np.sqrt(np.trace(np.cov(real[labels == 1 - entry["class"]], rowvar=False))
+                    / np.trace(np.cov(real[labels == entry["class"]], rowvar=False))))
+
+
 @needs_fmnist
 def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
     train, test = real
@@ -234,7 +287,16 @@ def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
     shifted = quality.quality_record(domain, train.images[:1000], test.images[:100],
                                      labels=(train.labels[:1000] + 1) % 10)
     assert shifted["label_agreement"] < 0.2
-    assert "label_agreement" not in noise_record
+    assert "label_agreement" not in noise_record and "per_class" not in noise_record
+    # Real images against real images of the same classes: intra-class FID small and each
+    # class about as spread as the real one; with the labels shifted it is far larger.
+    assert real_record["per_class"]["classes_scored"] == 10
+    assert 0.7 < real_record["per_class"]["spread_ratio"] < 1.3
+    shifted_both = quality.quality_record(domain, train.images[:1000], test.images,
+                                          labels=(train.labels[:1000] + 1) % 10,
+                                          reference_labels=test.labels)
+    assert (real_record["per_class"]["intra_fid"] * 3
+            < shifted_both["per_class"]["intra_fid"])
     assert real_record["fid"] * 10 < noise_record["fid"]
     assert "domain-classifier" in real_record["note"]
 

@@ -243,8 +243,9 @@ def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_pa
 
 def test_add_quality_remeasures_as_the_evaluation_did(tiny_report, tmp_path, capsys):
     """--add_quality repeats the evaluation's quality measure exactly (same subset seed,
-    samples and domain classifier): a report stripped of label agreement gets back the
-    value its evaluation wrote, and its FID is unchanged; accuracies are kept."""
+    samples and domain classifier): a report stripped of label agreement and the per-class
+    scores gets back the values its evaluation wrote, and its FID is unchanged; accuracies
+    are kept."""
     import shutil
 
     root, _ = tiny_report
@@ -253,7 +254,7 @@ def test_add_quality_remeasures_as_the_evaluation_did(tiny_report, tmp_path, cap
     original = json.loads((out / "report.json").read_text())
     stripped = json.loads(json.dumps(original))
     for record in (stripped["quality"], stripped["evaluation"]["quality"]):
-        del record["label_agreement"]
+        del record["label_agreement"], record["per_class"]
     (out / "report.json").write_text(json.dumps(stripped))
     assert reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
                                "--run_dir", str(root / "run"), "--cache_dir",
@@ -261,11 +262,13 @@ def test_add_quality_remeasures_as_the_evaluation_did(tiny_report, tmp_path, cap
     report = json.loads((out / "report.json").read_text())
     assert report["quality"]["label_agreement"] == original["quality"]["label_agreement"]
     assert report["quality"]["fid"] == original["quality"]["fid"]
+    assert report["quality"]["per_class"] == original["quality"]["per_class"]
     assert report["evaluation"]["quality"] == report["quality"]
     assert report["accuracy"] == original["accuracy"]
     assert report["quality"]["provenance"]["command"].endswith("--add_quality --quiet")
     markdown = (out / "report.md").read_text()
     assert "Label agreement (" in markdown and "Measured after the evaluation" in markdown
+    assert "intra-class FID **" in markdown
     code = reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
                                "--run_dir", str(tmp_path / "nowhere"), "--add_quality",
                                "--quiet"])

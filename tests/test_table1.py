@@ -93,6 +93,8 @@ def test_fidelity_options_form_their_own_row_and_quality_is_averaged(results):
         report["config"] = {"train": {"balanced_partition": False,
                                       "fake_rendering": rendering}}
         report["quality"] = {"fid": fid, "label_agreement": agreement}
+        if agreement is not None:
+            report["quality"]["per_class"] = {"intra_fid": 120.0, "spread_ratio": 0.75}
         (results / name).mkdir()
         (results / name / "report.json").write_text(json.dumps(report))
     rows = table1.summarise(table1.collect(str(results)))
@@ -101,13 +103,16 @@ def test_fidelity_options_form_their_own_row_and_quality_is_averaged(results):
     assert row["quality"]["fid"] == {"n": 2, "mean": 75.0,
                                        "sd": pytest.approx(math.sqrt(50.0))}
     assert row["quality"]["label_agreement"] == {"n": 1, "mean": 0.5, "sd": None}
+    assert row["quality"]["intra_fid"] == {"n": 1, "mean": 120.0, "sd": None}
+    assert row["quality"]["spread_ratio"] == {"n": 1, "mean": 0.75, "sd": None}
     assert all(r["fake_rendering"] == "class_grid" for r in rows if r is not row)
     text = table1.render(table1.collect(str(results)))
     assert ("| fashion_mnist, eps = 1, index partition, fake batches rendered teacher_labels "
             "(the authors') | 0.6478 | 2 |") in text
-    assert "| 75.0 +- 7.1 (2 runs) | 0.500 (1 run) |" in text
-    assert "| 70.0 | 0.500 | index | teacher_labels |" in text
-    assert "| 80.0 | -- | index | teacher_labels |" in text
+    assert ("| 75.0 +- 7.1 (2 runs) | 0.500 (1 run) | 120.0 (1 run) | 0.75 (1 run) |"
+            in text)
+    assert "| 70.0 | 0.500 | 120.0 | 0.75 | index | teacher_labels |" in text
+    assert "| 80.0 | -- | -- | -- | index | teacher_labels |" in text
 
 
 def test_markdown_lists_every_run_and_marks_unfinished_protocols(results):
