@@ -4,6 +4,8 @@
   python scripts/bench.py --config fmnist-200 --steps 3 --warmup 1
   python scripts/bench.py --config fmnist-eps1-4000 --teachers 200     # extrapolated
   python scripts/bench.py --config fmnist-eps1-4000 --bank disk        # full size
+  python scripts/bench.py --config fmnist-eps1-4000 --teachers 200 --aggregation \
+      topk_stochastic_sign --aggregation klevel --aggregation fetchsgd  # Table 6
 
 Configurations (dclens/bench.py SPECS): fmnist-eps1-4000 (paper), fmnist-200,
 celeba-gender-64x64 (60 teachers), celeba-gender-4000, celeba-gender-6000 (paper).  With
@@ -35,6 +37,7 @@ if __name__ == "__main__":
     tf_env.import_tensorflow_quietly()
 
 from dclens import bench, teacher_conv  # noqa: E402
+from dclens.config import Aggregation  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the teachers' path (dclens/teacher_conv.py): auto, the fused "
                         "C++ teacher step (fused), or TF's per-op kernels (per_teacher, "
                         "grouped)")
+    parser.add_argument("--aggregation", action="append",
+                        choices=[a.value for a in Aggregation],
+                        help="vote mechanism (repeatable: each configuration runs with each, "
+                             "in turn; default the preset's, the paper's TopAgg). The paper's "
+                             "Table 6 is TopAgg vs klevel (D2P-Fed) vs fetchsgd")
     parser.add_argument("--out", help="also write the JSON to this file")
     return parser
 
@@ -71,25 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     peak_before = bench.matmul_peak_gflops()
     results: list[dict[str, Any]] = []
+    aggregations = [Aggregation(a) for a in args.aggregation] if args.aggregation else [None]
     for name in names:
         spec = bench.SPECS[name]
         measured = min(args.teachers, spec.num_teachers) if args.teachers else None
-        started = time.perf_counter()
-        try:
-            result = bench.run_bench(
-                spec, steps=args.steps, warmup=args.warmup, measured_teachers=measured,
-                chunk=args.chunk, bank=args.bank, bank_dir=args.bank_dir,
-                ensemble=args.ensemble, overlap_io=not args.no_overlap,
-                bank_ram_bytes=(None if args.bank_ram_gib is None
-                                else int(args.bank_ram_gib * bench.GIB)),
-                conv_path=args.conv_path,
-                peak_gflops=None)
-        except (OSError, RuntimeError, ValueError) as error:
-            result = {"config": name, "error": f"{type(error).__name__}: {error}"}
-        result["full_bank_on_disk"] = bench.disk_status(args.bank_dir or os.getcwd(), spec)
-        result["wall_seconds"] = time.perf_counter() - started
-        results.append(result)
-        print(f"[bench] {name} done in {result['wall_seconds']:.0f} s", file=sys.stderr)
+        for aggregation in aggregations:
+            label = name + (f" ({aggregation.value})" if aggregation else "")
+            started = time.perf_counter()
+            try:
+                result = bench.run_bench(
+                    spec, steps=args.steps, warmup=args.warmup, measured_teachers=measured,
+                    chunk=args.chunk, bank=args.bank, bank_dir=args.bank_dir,
+                    ensemble=args.ensemble, overlap_io=not args.no_overlap,
+                    bank_ram_bytes=(None if args.bank_ram_gib is None
+                                    else int(args.bank_ram_gib * bench.GIB)),
+                    conv_path=args.conv_path, aggregation=aggregation,
+                    peak_gflops=None)
+            except (OSError, RuntimeError, ValueError) as error:
+                result = {"config": name, "error": f"{type(error).__name__}: {error}"}
+                if aggregation is not None:
+                    result["aggregation"] = aggregation.value
+            result["full_bank_on_disk"] = bench.disk_status(args.bank_dir or os.getcwd(),
+                                                            spec)
+            result["wall_seconds"] = time.perf_counter() - started
+            results.append(result)
+            print(f"[bench] {label} done in {result['wall_seconds']:.0f} s", file=sys.stderr)
     peak_after = bench.matmul_peak_gflops()
     # The machine is shared: the less loaded of the two measurements is its peak.
     peak = max(peak_before["median_gflops"], peak_after["median_gflops"])
