@@ -163,3 +163,95 @@ def render(summary: dict) -> str:
         lines.append(f"* {r['row']} (`{r['name']}`): " + ("; ".join(r["deviations"])
                                                           or "the paper's Table 1 config"))
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ Table 6 (time)
+
+def table6(bench_report: dict, dataset: str) -> dict:
+    """Table 6 (seconds per epoch of Table 5's mechanisms) from a ``scripts/bench.py``
+    report that ran one configuration with several ``--aggregation`` values.
+
+    At the paper configs one epoch is one generator step (15 records per teacher, batch
+    15), so seconds per epoch = seconds per step: the extrapolated figure where the bench
+    ran fewer teachers than the configuration, else the measured one. The ratio to TopAgg
+    is taken within the report (one run, one machine); the paper's is on one Tesla T4.
+    """
+    paper_rows = {row.changes.get("aggregation", "topk_stochastic_sign"): row
+                  for row in TABLES[TABLE_6][1]}
+    rows = []
+    for result in bench_report["results"]:
+        if "error" in result:
+            raise reproduce.ReproduceError(f"the bench of {result.get('aggregation')} "
+                                           f"failed: {result['error']}")
+        part = result.get("extrapolated") or result["measured"]
+        seconds = part.get("seconds_per_step", part.get("seconds_per_step_median"))
+        phases = part.get("phases_seconds", part.get("phases_median_seconds"))
+        paper = paper_rows.get(result["aggregation"])
+        rows.append({
+            "aggregation": result["aggregation"], "config": result["config"],
+            "row": paper.label if paper else f"{result['aggregation']} (not in Table 6)",
+            "teachers": part["num_teachers"],
+            "measured_teachers": result["measured"]["num_teachers"],
+            "seconds_per_epoch": seconds,
+            "vote_and_release_seconds": phases.get("voting", 0.0) + phases.get("noise", 0.0),
+            "paper_seconds_per_epoch": ((paper.paper_seconds_per_epoch or {}).get(dataset)
+                                        if paper else None)})
+    configs = {row["config"] for row in rows}
+    if len(configs) != 1:
+        raise reproduce.ReproduceError(f"Table 6 compares mechanisms at one configuration; "
+                                       f"the bench report ran {sorted(configs)}")
+    base = [r for r in rows if r["aggregation"] == "topk_stochastic_sign"]
+    if not base:
+        raise reproduce.ReproduceError("the bench report has no TopAgg run "
+                                       "(--aggregation topk_stochastic_sign), the baseline "
+                                       "of Table 6's ratios")
+    paper_base = base[0]["paper_seconds_per_epoch"]
+    for row in rows:
+        row["ratio_to_topagg"] = row["seconds_per_epoch"] / base[0]["seconds_per_epoch"]
+        row["paper_ratio_to_topagg"] = (row["paper_seconds_per_epoch"] / paper_base
+                                        if row["paper_seconds_per_epoch"] and paper_base
+                                        else None)
+    return {"table": "6", "dataset": dataset, "machine": bench_report["machine"],
+            "rows": rows}
+
+
+def render_table6(summary: dict, source: str) -> str:
+    """Table 6 as Markdown: ours beside the paper's, and each as a ratio to TopAgg."""
+    machine = summary["machine"]
+    lines = [f"# Table 6: seconds per epoch of the aggregation mechanisms -- "
+             f"{summary['dataset']}", "",
+             f"From `{source}` (`scripts/bench.py`): {machine.get('cpu_model')} with "
+             f"{machine.get('cpus')} cores, TensorFlow {machine.get('tensorflow')}, oneDNN "
+             f"{'on' if machine.get('onednn_enabled') else 'off'}. One epoch is one generator "
+             "step at the paper config. Ours: synthetic data of the right shapes, per-teacher "
+             "phases extrapolated linearly where fewer teachers ran; a named mechanism runs "
+             "with the budget lifted (a timing, not a private run). The paper's: one Tesla "
+             "T4. Compare the ratios, each taken within its own column.", "",
+             "| row | teachers (measured) | s/epoch (ours) | ours / TopAgg | vote + release "
+             "s (ours) | s/epoch (paper, T4) | paper / TopAgg |",
+             "|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(f"| {r['row']} | {r['teachers']} ({r['measured_teachers']}) | "
+                     f"{_cell(r['seconds_per_epoch'], 1)} | {_cell(r['ratio_to_topagg'], 2)} "
+                     f"| {_cell(r['vote_and_release_seconds'], 2)} | "
+                     f"{_cell(r['paper_seconds_per_epoch'], 1)} | "
+                     f"{_cell(r['paper_ratio_to_topagg'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table6(bench_path: str, dataset: str, out_dir: str) -> dict:
+    """Reads a bench report, writes ``table.json`` and ``table.md`` in ``out_dir``."""
+    try:
+        with open(bench_path, encoding="utf-8") as stream:
+            report = json.load(stream)
+    except (OSError, ValueError) as error:
+        raise reproduce.ReproduceError(f"cannot read the bench report {bench_path!r}: "
+                                       f"{error}; write one with scripts/bench.py --out") \
+            from error
+    summary = table6(report, dataset)
+    summary["source"] = bench_path
+    os.makedirs(out_dir, exist_ok=True)
+    export.write_json(os.path.join(out_dir, "table.json"), summary)
+    export.atomic_write(os.path.join(out_dir, "table.md"),
+                        lambda s: s.write(render_table6(summary, bench_path)), mode="w")
+    return summary

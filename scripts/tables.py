@@ -5,10 +5,13 @@ and one table with the paper's numbers beside ours.
   python scripts/tables.py --table 7 fashion_mnist --checkpoint_every 25   # paper scale
   python scripts/tables.py --table 5 fashion_mnist --teachers 400 --train_epochs 20
   python scripts/tables.py --table 4b fashion_mnist --teachers 400 --dry_run
+  python scripts/tables.py --table 6 fashion_mnist --bench results/tables/bench-table6-fmnist-eps1-4000-t200.json
 
 Tables: 7 (ablation: - top-k, - stochastic quantisation, - threshold), 5 (TopAgg vs
 D2P-Fed vs FetchSGD; their seconds per epoch are Table 6), 4k / 4t / 4b (Table 4(a):
-top-k, teachers, beta).  All at epsilon = 1 (the paper's).  Each row is a reproduction
+top-k, teachers, beta).  All at epsilon = 1 (the paper's).  Table 6 alone is no training:
+it is read from a scripts/bench.py report that ran one configuration with several
+--aggregation values (see that script), into results/tables/table6-<dataset>/.  Each row is a reproduction
 (scripts/reproduce.py) in results/tables/<table>-<dataset>[-scale]/<row>/ with its run in
 runs/tables/<row>/; a finished row is read back, an unfinished one resumed, so a table
 may span several sessions.  The classifier and evaluation flags are reproduce.py's.
@@ -37,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
     add = parser.add_argument
     add("dataset", choices=("mnist", "fashion_mnist", "celebA-gender"))
-    add("--table", required=True, choices=("7", "5", "4k", "4t", "4b"))
+    add("--table", required=True, choices=("7", "5", "6", "4k", "4t", "4b"))
+    add("--bench", help="Table 6: the scripts/bench.py JSON report to read")
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--scale", type=float, help="fraction of the paper's teachers")
     scale.add_argument("--teachers", type=int, help="teachers of every row (Table 4t's rows "
@@ -59,6 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from dclens import reproduce, tables
+
+    if (args.table == "6") != (args.bench is not None):
+        parser.error("--bench FILE goes with --table 6 (and only with it): Table 6 is read "
+                     "from a scripts/bench.py report, e.g. python scripts/bench.py --config "
+                     "fmnist-eps1-4000 --teachers 200 --aggregation topk_stochastic_sign "
+                     "--aggregation klevel --aggregation fetchsgd --out bench.json")
+    if args.table == "6":
+        out = args.out or os.path.join("results", "tables", f"table6-{args.dataset}")
+        try:
+            summary = tables.write_table6(args.bench, args.dataset, out)
+        except reproduce.ReproduceError as error:
+            print(f"tables.py: error: {error}", file=sys.stderr)
+            return 2
+        for row in summary["rows"]:
+            print(f"{row['row']}: {row['seconds_per_epoch']:.1f} s/epoch, "
+                  f"{row['ratio_to_topagg']:.2f}x TopAgg (paper {row['paper_ratio_to_topagg']})")
+        print(f"table: {os.path.join(out, 'table.md')}")
+        return 0
 
     try:
         base = reproduce.ReproduceOptions(

@@ -53,3 +53,66 @@ def test_tables_are_at_epsilon_one():
     with pytest.raises(reproduce.ReproduceError, match="epsilon = 1"):
         tables.run_table("7", reproduce.ReproduceOptions(dataset="fashion_mnist", eps=10),
                          out_dir="unused")
+
+
+def _bench_result(aggregation, seconds, voting, noise, config="fmnist-eps1-4000"):
+    return {"config": config, "aggregation": aggregation,
+            "measured": {"num_teachers": 200},
+            "extrapolated": {"num_teachers": 4000, "seconds_per_step": seconds,
+                             "phases_seconds": {"voting": voting, "noise": noise}}}
+
+
+BENCH_MACHINE = {"cpu_model": "test CPU", "cpus": 2, "tensorflow": "x", "onednn_enabled": True}
+
+
+def test_table6_ratios_from_a_bench_report(tmp_path, capsys):
+    """Ours / TopAgg within the bench report, the paper's within the paper's column (by hand:
+    Fashion-MNIST 471.02 / 340.84 and 775.35 / 340.84); a mechanism not in Table 6 is listed
+    without a paper value."""
+    report = {"machine": BENCH_MACHINE, "results": [
+        _bench_result("topk_stochastic_sign", 60.0, 1.0, 0.5),
+        _bench_result("klevel", 66.0, 2.0, 0.5),
+        _bench_result("fetchsgd", 75.0, 1.0, 9.0),
+        _bench_result("no_topk", 63.0, 3.0, 0.5)]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(report))
+    assert cli.main(["fashion_mnist", "--table", "6", "--bench", str(path),
+                     "--out", str(tmp_path / "t6")]) == 0
+    summary = json.loads((tmp_path / "t6" / "table.json").read_text())
+    by = {r["aggregation"]: r for r in summary["rows"]}
+    assert by["klevel"]["ratio_to_topagg"] == pytest.approx(1.1)
+    assert by["fetchsgd"]["ratio_to_topagg"] == pytest.approx(1.25)
+    assert by["fetchsgd"]["vote_and_release_seconds"] == pytest.approx(10.0)
+    assert by["klevel"]["paper_ratio_to_topagg"] == pytest.approx(471.02 / 340.84)
+    assert by["fetchsgd"]["paper_ratio_to_topagg"] == pytest.approx(775.35 / 340.84)
+    assert by["no_topk"]["paper_seconds_per_epoch"] is None
+    assert by["no_topk"]["row"] == "no_topk (not in Table 6)"
+    text = (tmp_path / "t6" / "table.md").read_text()
+    assert "| FetchSGD (proven accounting) | 4000 (200) | 75.0 | 1.25 | 10.00 | 775.4 | 2.27 |" \
+        in text
+    assert "test CPU with 2 cores" in text
+    assert "FetchSGD (proven accounting): 75.0 s/epoch, 1.25x TopAgg" in capsys.readouterr().out
+
+
+def test_table6_refuses_reports_it_cannot_compare(tmp_path, capsys):
+    def write(results):
+        path = tmp_path / "bench.json"
+        path.write_text(json.dumps({"machine": BENCH_MACHINE, "results": results}))
+        return str(path)
+
+    cases = [([_bench_result("klevel", 66.0, 2.0, 0.5)], "no TopAgg run"),
+             ([_bench_result("topk_stochastic_sign", 60.0, 1.0, 0.5),
+               _bench_result("klevel", 66.0, 2.0, 0.5, config="fmnist-200")],
+              "at one configuration"),
+             ([{"config": "fmnist-eps1-4000", "aggregation": "fetchsgd",
+                "error": "RuntimeError: boom"}], "fetchsgd failed: RuntimeError: boom")]
+    for results, message in cases:
+        assert cli.main(["fashion_mnist", "--table", "6", "--bench", write(results),
+                         "--out", str(tmp_path / "t6")]) == 2
+        assert message in capsys.readouterr().err
+    assert cli.main(["fashion_mnist", "--table", "6", "--bench", str(tmp_path / "none.json"),
+                     "--out", str(tmp_path / "t6")]) == 2
+    assert "cannot read the bench report" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["fashion_mnist", "--table", "7", "--bench", write([])])
+    assert "--bench FILE goes with --table 6" in capsys.readouterr().err
