@@ -57,7 +57,7 @@ def test_tables_are_at_epsilon_one():
 
 def _bench_result(aggregation, seconds, voting, noise, config="fmnist-eps1-4000"):
     return {"config": config, "aggregation": aggregation,
-            "measured": {"num_teachers": 200},
+            "measured": {"num_teachers": 200, "cpu_share_of_machine": seconds / 100},
             "extrapolated": {"num_teachers": 4000, "seconds_per_step": seconds,
                              "phases_seconds": {"voting": voting, "noise": noise}}}
 
@@ -91,6 +91,7 @@ def test_table6_ratios_from_a_bench_report(tmp_path, capsys):
     assert "| FetchSGD (proven accounting) | 4000 (200) | 75.0 | 1.25 | 10.00 | 775.4 | 2.27 |" \
         in text
     assert "test CPU with 2 cores" in text
+    assert "had 0.60-0.75 of the machine's CPU time" in text
     assert "FetchSGD (proven accounting): 75.0 s/epoch, 1.25x TopAgg" in capsys.readouterr().out
 
 
