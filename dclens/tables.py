@@ -88,6 +88,37 @@ def row_options(base: reproduce.ReproduceOptions, row: Row) -> reproduce.Reprodu
     return dataclasses.replace(base, **changes)
 
 
+#: Config keys that choose how a run computes or where it reads, not what it computes.
+NOT_ALGORITHM = frozenset({"teacher_chunk", "data_dir", "conv_path"})
+
+
+def check_row_report(report: dict, options: reproduce.ReproduceOptions, path: str) -> None:
+    """Refuses a finished row's report whose training config is not the row's.
+
+    A row's report may come from a run made outside the table (e.g. a Table 1 run copied
+    in as Table 7's "full TopAgg" row): it is read back only if every config field
+    (budget, mechanism, training; except :data:`NOT_ALGORITHM`) equals the one the row
+    would run.
+    """
+    want = reproduce.build_config(options)[0].to_dict()
+    have = report.get("config") or {}
+    differences = []
+    for section in sorted(set(want) | set(have)):
+        mine, theirs = want.get(section), have.get(section)
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            if mine != theirs:
+                differences.append(f"{section}: {theirs!r} (row: {mine!r})")
+            continue
+        for key in sorted(set(mine) | set(theirs)):
+            if key not in NOT_ALGORITHM and mine.get(key) != theirs.get(key):
+                differences.append(f"{section}.{key}: {theirs.get(key)!r} "
+                                   f"(row: {mine.get(key)!r})")
+    if differences:
+        raise reproduce.ReproduceError(
+            f"{path} is not this row's run: " + "; ".join(differences)
+            + ". Move it away to run the row afresh")
+
+
 def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
               run_root: str = os.path.join("runs", "tables"),
               log: Callable[[str], None] = print, **reproduce_kwargs) -> dict:
@@ -107,6 +138,7 @@ def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
             log(f"{row.label}: reading the finished row {report_path}")
             with open(report_path) as stream:
                 report = json.load(stream)
+            check_row_report(report, options, report_path)
         else:
             log(f"{row.label}: running {name}")
             report = reproduce.reproduce(options, out_dir=row_out,

@@ -47,6 +47,26 @@ def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_di
     # A second call reads the finished rows (nothing is trained again).
     again = tables.run_table("7", base, **kwargs)
     assert [r["val"] for r in again["rows"]] == [r["val"] for r in summary["rows"]]
+    # A finished row is read back only if it is the row's run: the "- top-k" row's report
+    # put in the full row's place (another mechanism), or one from another partition, is
+    # refused with the differing fields; a different teacher chunk (memory only) is not.
+    full = tmp_path / "table" / summary["rows"][0]["name"] / "report.json"
+    original = full.read_text()
+    report = json.loads(original)
+    report["config"]["train"]["teacher_chunk"] += 1
+    full.write_text(json.dumps(report))
+    assert tables.run_table("7", base, **kwargs)["rows"][0]["val"] == summary["rows"][0]["val"]
+    full.write_text((tmp_path / "table" / summary["rows"][1]["name"] / "report.json")
+                    .read_text())
+    with pytest.raises(reproduce.ReproduceError,
+                       match="not this row's run: topagg.method: 'no_topk' "
+                             "\\(row: 'topk_stochastic_sign'\\)"):
+        tables.run_table("7", base, **kwargs)
+    report = json.loads(original)
+    report["config"]["train"]["balanced_partition"] = True
+    full.write_text(json.dumps(report))
+    with pytest.raises(reproduce.ReproduceError, match="train.balanced_partition: True"):
+        tables.run_table("7", base, **kwargs)
 
 
 def test_tables_are_at_epsilon_one():
