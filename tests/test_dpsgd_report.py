@@ -84,6 +84,21 @@ def test_a_sweep_is_published_with_its_points_and_the_readme_text_is_kept(tmp_pa
     assert cli.main(["render", "--results", str(results)]) == 0
     assert (results / "README.md").read_text() == text                  # idempotent
 
+    # The grid extended under the same root: the grown sweep replaces its published copy.
+    settings = {"learning_rate": 4.0}
+    folder = _write_run(root / sweep.point_name(settings), test=0.7, validation=0.9,
+                        learning_rate=4.0)
+    pairs.append((settings, json.loads((folder / "report.json").read_text())))
+    grown = {"base": DpsgdConfig().to_dict(), "points_planned": 3, **sweep.summarise(pairs)}
+    (root / "sweep.json").write_text(json.dumps(grown))
+    assert cli.main(["add_sweep", str(root), "--results", str(results)]) == 0
+    assert "(gm, 3 of 3 points)" in (results / "README.md").read_text()
+    assert "Chosen on validation: **learning_rate-4**" in (results / "README.md").read_text()
+    # A different sweep under the same name (other base settings) is still refused.
+    other = dict(grown, base=dict(grown["base"], momentum=0.5))
+    (root / "sweep.json").write_text(json.dumps(other))
+    assert cli.main(["add_sweep", str(root), "--results", str(results)]) == 2
+
 
 def test_cli_errors_name_the_problem(tmp_path, capsys):
     cli = load_script("dpsgd_report")

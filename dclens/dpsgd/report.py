@@ -176,24 +176,43 @@ def publish_run(run_dir: str, results_dir: str, name: str | None = None) -> str:
 
 def publish_sweep(root: str, results_dir: str, name: str | None = None) -> list[str]:
     """Copies a sweep's ``sweep.json`` to ``results_dir/sweeps/<name>.json`` and each
-    finished point's report to ``results_dir/<name>-<point>.json``."""
+    finished point's report to ``results_dir/<name>-<point>.json``. A sweep published
+    before with fewer points (same base settings, the same results for the points it had)
+    is replaced by the grown one; any other sweep of that name is an error."""
     source = os.path.join(root, "sweep.json")
     if not os.path.exists(source):
         raise ReportError(f"{root!r} has no sweep.json: no point of the sweep has finished")
     name = name or os.path.basename(os.path.normpath(root))
     with open(source, encoding="utf-8") as handle:
         sweep = json.load(handle)
-    written = [_copy(source, os.path.join(results_dir, "sweeps", f"{name}.json"))]
+    target = os.path.join(results_dir, "sweeps", f"{name}.json")
+    written = [_copy(source, target, replace=_grown_from(sweep, target))]
     for row in sweep["rows"]:
         written.append(publish_run(os.path.join(root, row["name"]), results_dir,
                                    f"{name}-{row['name']}"))
     return written
 
 
-def _copy(source: str, target: str) -> str:
+def _grown_from(sweep: dict, target: str) -> bool:
+    """Whether ``sweep`` is the sweep published at ``target`` with more points: the same
+    base settings, and every published point again with the same results (a sweep whose
+    grid was extended and re-run under the same root). Such a sweep replaces its copy."""
+    if not os.path.exists(target):
+        return False
+    try:
+        with open(target, encoding="utf-8") as handle:
+            published = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    rows = {row["name"]: row for row in sweep.get("rows", [])}
+    return (published.get("base") == sweep.get("base")
+            and all(rows.get(row["name"]) == row for row in published.get("rows", [])))
+
+
+def _copy(source: str, target: str, *, replace: bool = False) -> str:
     with open(source, "rb") as handle:
         content = handle.read()
-    if os.path.exists(target):
+    if os.path.exists(target) and not replace:
         with open(target, "rb") as handle:
             if handle.read() == content:
                 return target
