@@ -163,10 +163,7 @@ def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
         })
     summary = {"table": table, "title": title, "dataset": base.dataset,
                "options": dataclasses.asdict(base), "rows": results}
-    os.makedirs(out_dir, exist_ok=True)
-    export.write_json(os.path.join(out_dir, "table.json"), summary)
-    export.atomic_write(os.path.join(out_dir, "table.md"),
-                        lambda s: s.write(render(summary)), mode="w")
+    _write_table(out_dir, summary, render(summary))
     log(f"table: {os.path.join(out_dir, 'table.md')}")
     return summary
 
@@ -294,8 +291,13 @@ def write_table6(bench_path: str, dataset: str, out_dir: str) -> dict:
             from error
     summary = table6(report, dataset)
     summary["source"] = bench_path
+    _write_table(out_dir, summary, render_table6(summary, bench_path))
+    return summary
+
+
+def _write_table(out_dir: str, summary: dict, markdown: str) -> None:
+    """``table.json`` and ``table.md`` in ``out_dir``, each written atomically."""
     os.makedirs(out_dir, exist_ok=True)
     export.write_json(os.path.join(out_dir, "table.json"), summary)
-    export.atomic_write(os.path.join(out_dir, "table.md"),
-                        lambda s: s.write(render_table6(summary, bench_path)), mode="w")
-    return summary
+    export.atomic_write(os.path.join(out_dir, "table.md"), lambda s: s.write(markdown),
+                        mode="w")
