@@ -288,3 +288,42 @@ def set_aside(output_dir: str) -> str:
         target, n = f"{base}-{n}", n + 1
     os.rename(output_dir, target)
     return target
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedRun:
+    """A run directory ready for a trainer: its paths, whether it resumes, its root seed."""
+
+    paths: RunPaths
+    resuming: bool
+    root_seed: int
+
+
+def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[str],
+             log) -> OpenedRun:
+    """:func:`plan_run` for a flat ``to_dict()`` config (settings in ``changeable`` may
+    differ on resume), the old run set aside under ``restart``, and the root seed
+    (:func:`root_seed` from ``config.seed``).  Used by the trainers beside DataLens'."""
+    plan = plan_run(config, output_dir, restart=restart,
+                    differences_of=differences_except(changeable))
+    if plan.set_aside:
+        log(f"set the old run aside: {set_aside(output_dir)}")
+    return OpenedRun(plan.paths, plan.mode is Mode.RESUME, root_seed(plan, config.seed))
+
+
+def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, Any],
+                     ledger):
+    """A fresh run's files, in the order that keeps a crash safe: config.json (marks the
+    folder a dclens run), the PRIVATE seed file, and an empty write-ahead journal over
+    ``ledger``, which is returned (``dclens.journal.PrivacyJournal``)."""
+    from dclens import export, journal as journal_lib
+
+    paths = opened.paths
+    os.makedirs(paths.checkpoints, exist_ok=True)
+    export.write_json(paths.config, {"config": config.to_dict(), "kind": kind, **facts,
+                                     "reproducible_noise": config.seed is not None})
+    export.write_json(paths.seed, {"root_seed": opened.root_seed,
+                                   "from_os_entropy": config.seed is None})
+    journal = journal_lib.PrivacyJournal(paths.journal, ledger)
+    journal.write()
+    return journal

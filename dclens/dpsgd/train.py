@@ -228,12 +228,9 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     from dclens import evaluate
 
     started = time.perf_counter()
-    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=rundir.differences_except(CHANGEABLE_ON_RESUME))
-    if plan.set_aside:
-        log(f"set the old run aside: {rundir.set_aside(run_dir)}")
-    paths = plan.paths
-    resuming = plan.mode is rundir.Mode.RESUME
-    root_seed = rundir.root_seed(plan, config.seed)
+    opened = rundir.open_run(config, run_dir, restart=restart,
+                             changeable=CHANGEABLE_ON_RESUME, log=log)
+    paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
     seeds = SeedTree(root_seed)
     records = dataset_records(config)
     test = evaluate.load_test(config.dataset, config.data_dir)
@@ -257,17 +254,10 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
              "parameters": model.num_params, "steps_per_epoch": steps_per_epoch}
     store = CheckpointStore(paths.checkpoints)
     if not resuming:
-        os.makedirs(paths.root, exist_ok=True)
-        export.write_json(paths.config, {"config": config.to_dict(), "kind": "dpsgd",
-                                         "dataset_source": records.source, **facts,
-                                         "reproducible_noise": config.seed is not None})
-        os.makedirs(paths.checkpoints, exist_ok=True)
-        export.write_json(paths.seed, {"root_seed": root_seed,
-                                       "from_os_entropy": config.seed is None})
-        ledger = sampled_ledger.SampledGaussianLedger(delta=config.delta,
-                                                      conversion=config.conversion)
-        journal = journal_lib.PrivacyJournal(paths.journal, ledger)
-        journal.write()
+        journal = rundir.create_run_files(
+            opened, config, kind="dpsgd", facts={"dataset_source": records.source, **facts},
+            ledger=sampled_ledger.SampledGaussianLedger(delta=config.delta,
+                                                        conversion=config.conversion))
         start, curves, already_finished = 0, [], False
     else:
         journal = journal_lib.PrivacyJournal.load(paths.journal)

@@ -349,12 +349,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     import tensorflow as tf
 
     started = time.perf_counter()
-    plan = rundir.plan_run(config, run_dir, restart=restart, differences_of=rundir.differences_except(CHANGEABLE_ON_RESUME))
-    if plan.set_aside:
-        log(f"set the old run aside: {rundir.set_aside(run_dir)}")
-    paths = plan.paths
-    resuming = plan.mode is rundir.Mode.RESUME
-    root_seed = rundir.root_seed(plan, config.seed)
+    opened = rundir.open_run(config, run_dir, restart=restart,
+                             changeable=CHANGEABLE_ON_RESUME, log=log)
+    paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
     seeds = SeedTree(root_seed)
     records = load_records(config)
     num_classes = records.spec.num_classes
@@ -377,16 +374,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     bank_path = os.path.join(paths.root, "discriminators.npy")
     store = CheckpointStore(paths.checkpoints)
     if not resuming:
-        os.makedirs(paths.checkpoints, exist_ok=True)
-        export.write_json(paths.config, {"config": config.to_dict(), "kind": "gswgan",
-                                         "dataset_source": records.source, **facts,
-                                         "reproducible_noise": config.seed is not None})
-        export.write_json(paths.seed, {"root_seed": root_seed,
-                                       "from_os_entropy": config.seed is None})
-        journal = journal_lib.PrivacyJournal(
-            paths.journal, gs_accounting.new_ledger(delta=config.delta,
-                                                    conversion=config.conversion))
-        journal.write()
+        journal = rundir.create_run_files(
+            opened, config, kind="gswgan", facts={"dataset_source": records.source, **facts},
+            ledger=gs_accounting.new_ledger(delta=config.delta, conversion=config.conversion))
     else:
         journal = journal_lib.PrivacyJournal.load(paths.journal)
     bank = DiscriminatorBank(bank_path, nets.discriminator, nets.d_opt,
