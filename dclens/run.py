@@ -39,7 +39,8 @@ from dclens.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.config import DataLensConfig, SaveVotes
 from dclens.journal import PrivacyJournal
 from dclens.rng import SeedTree, entropy_seed
-from dclens.rundir import Mode, RunDirError, plan_run, root_seed as _saved_or_new_seed, set_aside
+from dclens.rundir import (Mode, RunDirError, plan_run, root_seed as _saved_or_new_seed,
+                           set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
 
@@ -178,8 +179,7 @@ def _root_seed(plan, config: DataLensConfig) -> int:
 
 
 def _write_seed(plan, root_seed: int, seeded: bool) -> None:
-    """checkpoints/seed.json: the root seed a resume must reuse (private: it fixes the noise)."""
-    export.write_json(plan.paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+    write_seed(plan.paths, root_seed, seeded=seeded)
 
 
 def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,

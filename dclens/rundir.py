@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 from dclens.config import DataLensConfig
 
@@ -299,8 +299,16 @@ class OpenedRun:
     root_seed: int
 
 
+def write_seed(paths: RunPaths, root_seed: int, *, seeded: bool) -> None:
+    """checkpoints/seed.json: the root seed a resume must reuse (PRIVATE: it fixes the DP
+    noise); ``seeded`` says it came from --seed rather than OS entropy."""
+    from dclens import export
+
+    export.write_json(paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+
+
 def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[str],
-             log) -> OpenedRun:
+             log: Callable[[str], None]) -> OpenedRun:
     """:func:`plan_run` for a flat ``to_dict()`` config (settings in ``changeable`` may
     differ on resume), the old run set aside under ``restart``, and the root seed
     (:func:`root_seed` from ``config.seed``).  Used by the trainers beside DataLens'."""
@@ -322,8 +330,7 @@ def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, A
     os.makedirs(paths.checkpoints, exist_ok=True)
     export.write_json(paths.config, {"config": config.to_dict(), "kind": kind, **facts,
                                      "reproducible_noise": config.seed is not None})
-    export.write_json(paths.seed, {"root_seed": opened.root_seed,
-                                   "from_os_entropy": config.seed is None})
+    write_seed(paths, opened.root_seed, seeded=config.seed is not None)
     journal = journal_lib.PrivacyJournal(paths.journal, ledger)
     journal.write()
     return journal
