@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from dclens import data
 from dclens.accounting import Conversion
+from dclens.field_checks import FieldChecks
 from dclens.dpsgd.mechanisms import Method
 
 #: Where GEP's anchor images come from: ``held_out`` training images (removed from the
@@ -69,60 +69,30 @@ class DpsgdConfig:
     eval_every: int = 0                  # steps between evaluations; 0: once per epoch
 
     def __post_init__(self) -> None:
-        def fail(name: str, hint: str) -> None:
-            raise DpsgdConfigError(f"{name} = {getattr(self, name)!r}: {hint}")
-
-        if not isinstance(self.method, Method):
-            try:
-                object.__setattr__(self, "method", Method(self.method))
-            except ValueError:
-                fail("method", f"choose one of {[m.value for m in Method]}")
-        if self.learning_rate is None and isinstance(self.method, Method):
+        check = FieldChecks(self, DpsgdConfigError)
+        check.enum("method", Method)
+        if self.learning_rate is None:
             object.__setattr__(self, "learning_rate", DEFAULT_LEARNING_RATES[self.method])
-        if not isinstance(self.conversion, Conversion):
-            try:
-                object.__setattr__(self, "conversion", Conversion(self.conversion))
-            except ValueError:
-                fail("conversion", f"choose one of {[c.value for c in Conversion]}")
+        check.enum("conversion", Conversion)
         if self.dataset not in ("mnist", "fashion_mnist"):
-            fail("dataset", "private classifiers run on mnist or fashion_mnist")
-        if (self.target_eps is None) == (self.sigma is None):
-            raise DpsgdConfigError(f"give exactly one of target_eps ({self.target_eps!r}) and "
-                                   f"sigma ({self.sigma!r}): the budget to calibrate sigma "
-                                   f"to, or sigma itself")
-        for name in ("target_eps", "sigma"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                fail(name, "must be a finite number > 0")
-        if not 0 < self.delta < 1:
-            fail("delta", "must be in (0, 1), e.g. 1e-5")
-        for name in ("batch_size", "num_bases", "num_groups", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(name, "must be an integer >= 1")
-        for name in ("anchors", "validation", "eval_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                fail(name, "must be an integer >= 0")
-        if self.max_records is not None and (not isinstance(self.max_records, int)
-                                             or self.max_records < 1):
-            fail("max_records", "must be None or an integer >= 1")
-        for name in ("epochs", "learning_rate", "clip", "clip_embedding", "clip_residual"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                fail(name, "must be a finite number > 0")
-        if not 0 <= self.momentum < 1:
-            fail("momentum", "must be in [0, 1)")
-        if not 0 < self.topk <= 1:
-            fail("topk", "is a fraction of the squared norm (or of the coordinates): (0, 1]")
+            check.fail("dataset", "private classifiers run on mnist or fashion_mnist")
+        check.budget()
+        check.ints(("batch_size", "num_bases", "num_groups", "checkpoint_every"), 1)
+        check.ints(("anchors", "validation", "eval_every"), 0)
+        check.optional_int("max_records", 1)
+        check.positive(("epochs", "learning_rate", "clip", "clip_embedding",
+                        "clip_residual"))
+        check.fraction(("momentum",))
+        if not (isinstance(self.topk, (int, float)) and 0 < self.topk <= 1):
+            check.fail("topk",
+                       "is a fraction of the squared norm (or of the coordinates): (0, 1]")
         if self.activation not in ("relu", "tanh"):
-            fail("activation", "choose relu or tanh")
+            check.fail("activation", "choose relu or tanh")
         if self.anchor_source not in ANCHOR_SOURCES:
-            fail("anchor_source", f"choose one of {list(ANCHOR_SOURCES)}")
+            check.fail("anchor_source", f"choose one of {list(ANCHOR_SOURCES)}")
         if self.method.is_gep and self.anchors < 1:
-            fail("anchors", "GEP needs anchor images (held out, random labels): >= 1")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            fail("seed", "must be None or an integer >= 0")
+            check.fail("anchors", "GEP needs anchor images (held out, random labels): >= 1")
+        check.optional_int("seed", 0)
 
     @property
     def held_out(self) -> int:

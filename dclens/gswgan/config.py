@@ -9,10 +9,10 @@ iteration-level accounting (sigma calibrated: 2.87).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from dclens.accounting import Conversion
+from dclens.field_checks import FieldChecks
 from dclens.gswgan.accounting import Accounting
 
 #: Settings a resumed run may change (they do not touch what the ledger means).
@@ -63,52 +63,21 @@ class GswganConfig:
     log_every: int = 100                 # DP iterations between TensorBoard points
 
     def __post_init__(self) -> None:
-        def fail(name: str, hint: str) -> None:
-            raise GswganConfigError(f"{name} = {getattr(self, name)!r}: {hint}")
-
-        for name, kind in (("accounting", Accounting), ("conversion", Conversion)):
-            if not isinstance(getattr(self, name), kind):
-                try:
-                    object.__setattr__(self, name, kind(getattr(self, name)))
-                except ValueError:
-                    fail(name, f"choose one of {[k.value for k in kind]}")
+        check = FieldChecks(self, GswganConfigError)
+        check.enum("accounting", Accounting)
+        check.enum("conversion", Conversion)
         if self.dataset not in ("mnist", "fashion_mnist"):
-            fail("dataset", "GS-WGAN's networks are for 28x28x1: mnist or fashion_mnist")
-        if (self.target_eps is None) == (self.sigma is None):
-            raise GswganConfigError(
-                f"give exactly one of target_eps ({self.target_eps!r}) and sigma "
-                f"({self.sigma!r}): the budget to calibrate sigma to, or sigma itself")
-        for name in ("target_eps", "sigma"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                fail(name, "must be a finite number > 0")
-        if not 0 < self.delta < 1:
-            fail("delta", "must be in (0, 1), e.g. 1e-5")
-        for name in ("num_discriminators", "batch_size", "critic_iters", "z_dim",
-                     "model_dim", "iterations", "num_samples", "warm_chunk",
-                     "checkpoint_every", "log_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(name, "must be an integer >= 1")
-        if isinstance(self.warm_iterations, bool) or not isinstance(self.warm_iterations, int) \
-                or self.warm_iterations < 0:
-            fail("warm_iterations", "must be an integer >= 0 (0: no warm-start)")
-        if self.max_records is not None and (not isinstance(self.max_records, int)
-                                             or self.max_records < 1):
-            fail("max_records", "must be None or an integer >= 1")
-        for name in ("clip", "learning_rate"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                fail(name, "must be a finite number > 0")
-        for name in ("lambda_gp", "drift"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                fail(name, "must be a finite number >= 0")
-        for name in ("beta1", "beta2", "ema_decay"):
-            if not 0 <= getattr(self, name) < 1:
-                fail(name, "must be in [0, 1)")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            fail("seed", "must be None or an integer >= 0")
+            check.fail("dataset", "GS-WGAN's networks are for 28x28x1: mnist or fashion_mnist")
+        check.budget()
+        check.ints(("num_discriminators", "batch_size", "critic_iters", "z_dim", "model_dim",
+                    "iterations", "num_samples", "warm_chunk", "checkpoint_every",
+                    "log_every"), 1)
+        check.ints(("warm_iterations",), 0, "must be an integer >= 0 (0: no warm-start)")
+        check.optional_int("max_records", 1)
+        check.positive(("clip", "learning_rate"))
+        check.positive(("lambda_gp", "drift"), allow_zero=True)
+        check.fraction(("beta1", "beta2", "ema_decay"))
+        check.optional_int("seed", 0)
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
