@@ -19,6 +19,7 @@ import math
 from typing import Any, Mapping
 
 from dclens.accounting import Conversion
+from dclens.field_checks import is_finite_number, is_int
 
 
 class ConfigError(ValueError):
@@ -131,15 +132,6 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 @dataclasses.dataclass(frozen=True)
 class TopAggConfig:
     """The TopAgg mechanism (paper Alg. 2 + 3).
@@ -178,27 +170,27 @@ class TopAggConfig:
     rotation_seed: int = 0
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.topk) and self.topk >= 1,
+        _require(is_int(self.topk) and self.topk >= 1,
                  f"topk must be an integer >= 1, got {self.topk!r}")
-        _require(_is_finite_number(self.sigma) and self.sigma >= 0,
+        _require(is_finite_number(self.sigma) and self.sigma >= 0,
                  f"sigma must be a finite number >= 0, got {self.sigma!r}")
-        _require(_is_finite_number(self.thresh) and 0 <= self.thresh < 1,
+        _require(is_finite_number(self.thresh) and 0 <= self.thresh < 1,
                  f"thresh must be in [0, 1), got {self.thresh!r}")
-        _require(_is_finite_number(self.max_grad) and self.max_grad > 0,
+        _require(is_finite_number(self.max_grad) and self.max_grad > 0,
                  f"max_grad must be > 0 (the paper uses 1e-5), got {self.max_grad!r}")
         _require(isinstance(self.method, Aggregation),
                  f"method must be an Aggregation, got {self.method!r}")
-        _require(_is_int(self.klevel) and self.klevel >= 2,
+        _require(is_int(self.klevel) and self.klevel >= 2,
                  f"klevel must be an integer >= 2 (quantisation levels), got {self.klevel!r}")
         for name in ("sketch_rows", "sketch_columns"):
             value = getattr(self, name)
-            _require(_is_int(value) and value >= 1,
+            _require(is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")
         _require(isinstance(self.klevel_rotation, bool),
                  f"klevel_rotation must be true or false, got {self.klevel_rotation!r}")
-        _require(_is_int(self.rotation_seed) and self.rotation_seed >= 0,
+        _require(is_int(self.rotation_seed) and self.rotation_seed >= 0,
                  f"rotation_seed must be an integer >= 0, got {self.rotation_seed!r}")
-        _require(_is_int(self.sketch_seed) and self.sketch_seed >= 0,
+        _require(is_int(self.sketch_seed) and self.sketch_seed >= 0,
                  f"sketch_seed must be an integer >= 0, got {self.sketch_seed!r}")
         _require(isinstance(self.sketch_accounting, SketchAccounting),
                  f"sketch_accounting must be one of {[a.value for a in SketchAccounting]}, "
@@ -253,13 +245,13 @@ class BudgetConfig:
     max_order: int = 200
 
     def __post_init__(self) -> None:
-        _require(_is_finite_number(self.max_eps) and self.max_eps > 0,
+        _require(is_finite_number(self.max_eps) and self.max_eps > 0,
                  f"max_eps must be a finite number > 0, got {self.max_eps!r}")
-        _require(_is_finite_number(self.delta) and 0 < self.delta < 1,
+        _require(is_finite_number(self.delta) and 0 < self.delta < 1,
                  f"delta must be in (0, 1), got {self.delta!r}")
         _require(isinstance(self.conversion, Conversion),
                  f"conversion must be a Conversion, got {self.conversion!r}")
-        _require(_is_int(self.max_order) and self.max_order >= 3,
+        _require(is_int(self.max_order) and self.max_order >= 3,
                  f"orders must be an integer >= 3 (orders are 1.1, 2, ..., orders-1), "
                  f"got {self.max_order!r}")
 
@@ -342,17 +334,17 @@ class TrainConfig:
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",
                      "teacher_chunk", "num_samples"):
             value = getattr(self, name)
-            _require(_is_int(value) and value >= 1,
+            _require(is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")
-        _require(_is_int(self.pretrain_teacher) and self.pretrain_teacher >= 0,
+        _require(is_int(self.pretrain_teacher) and self.pretrain_teacher >= 0,
                  f"pretrain_teacher must be an integer >= 0, got {self.pretrain_teacher!r}")
-        _require(_is_finite_number(self.learning_rate) and self.learning_rate > 0,
+        _require(is_finite_number(self.learning_rate) and self.learning_rate > 0,
                  f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
-        _require(_is_finite_number(self.beta1) and 0 <= self.beta1 < 1,
+        _require(is_finite_number(self.beta1) and 0 <= self.beta1 < 1,
                  f"beta1 must be in [0, 1), got {self.beta1!r}")
-        _require(_is_int(self.partition_seed) and self.partition_seed >= 0,
+        _require(is_int(self.partition_seed) and self.partition_seed >= 0,
                  f"partition_seed must be an integer >= 0, got {self.partition_seed!r}")
-        _require(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
+        _require(self.seed is None or (is_int(self.seed) and self.seed >= 0),
                  f"seed must be an integer >= 0 or None, got {self.seed!r}")
         _require(isinstance(self.conv_path, ConvPath),
                  f"conv_path must be one of {[p.value for p in ConvPath]}, "
@@ -364,7 +356,7 @@ class TrainConfig:
                  f"fake_rendering must be one of {[r.value for r in FakeRendering]}, "
                  f"got {self.fake_rendering!r}")
         _require(self.max_records is None
-                 or (_is_int(self.max_records) and self.max_records >= 1),
+                 or (is_int(self.max_records) and self.max_records >= 1),
                  f"max_records must be an integer >= 1 or None, got {self.max_records!r}")
 
 

@@ -14,12 +14,15 @@ import math
 from typing import Any, Iterable, NoReturn
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def is_finite_number(value: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 class FieldChecks:
@@ -53,20 +56,20 @@ class FieldChecks:
         """Each field is an integer (not a bool) >= ``minimum``."""
         for name in names:
             value = getattr(self._settings, name)
-            if not _is_int(value) or value < minimum:
+            if not is_int(value) or value < minimum:
                 self.fail(name, hint or f"must be an integer >= {minimum}")
 
     def optional_int(self, name: str, minimum: int) -> None:
         """The field is None or an integer >= ``minimum``."""
         value = getattr(self._settings, name)
-        if value is not None and (not _is_int(value) or value < minimum):
+        if value is not None and (not is_int(value) or value < minimum):
             self.fail(name, f"must be None or an integer >= {minimum}")
 
     def positive(self, names: Iterable[str], *, allow_zero: bool = False) -> None:
         """Each field is a finite number > 0 (>= 0 with ``allow_zero``)."""
         for name in names:
             value = getattr(self._settings, name)
-            if not (_is_number(value) and math.isfinite(value)
+            if not (is_finite_number(value)
                     and (value >= 0 if allow_zero else value > 0)):
                 self.fail(name, f"must be a finite number {'>=' if allow_zero else '>'} 0")
 
@@ -74,7 +77,7 @@ class FieldChecks:
         """Each field is a number in [0, 1) (a momentum, an Adam beta, an EMA decay)."""
         for name in names:
             value = getattr(self._settings, name)
-            if not (_is_number(value) and 0 <= value < 1):
+            if not (is_finite_number(value) and 0 <= value < 1):
                 self.fail(name, "must be in [0, 1)")
 
     def budget(self) -> None:
@@ -88,5 +91,5 @@ class FieldChecks:
         self.positive(name for name in ("target_eps", "sigma")
                       if getattr(self._settings, name) is not None)
         delta = self._settings.delta
-        if not (_is_number(delta) and 0 < delta < 1):
+        if not (is_finite_number(delta) and 0 < delta < 1):
             self.fail("delta", "must be in (0, 1), e.g. 1e-5")
