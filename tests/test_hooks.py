@@ -209,6 +209,44 @@ def test_teacher_label_rendering_equals_one_generator_call_per_teacher():
     assert np.max(np.abs(grid_fakes - got)) > 1e-4
 
 
+def _generator_state(lens):
+    return [v.numpy().copy() for v in lens.generator.non_trainable_variables]
+
+
+def test_teacher_label_rendering_leaves_the_generators_moving_statistics_alone():
+    """The per-teacher renders are a function of private labels; the generator's BN moving
+    statistics (published in generator.keras) must not take them in."""
+    lens = DataLens(_config(fake_rendering=FakeRendering.TEACHER_LABELS), _dataset(),
+                    root_seed=6)
+    before = _generator_state(lens)
+    lens.teacher_fakes(lens.latent(0))
+    for old, new in zip(before, _generator_state(lens)):
+        np.testing.assert_array_equal(old, new)
+    # The generator's own training-mode call does move them (else the check is empty).
+    lens.generator([lens.latent(0), tf.one_hot(np.arange(BATCH), 10)], training=True)
+    assert any(np.any(old != new) for old, new in zip(before, _generator_state(lens)))
+
+
+def test_published_generator_state_beside_the_votes_ignores_one_teachers_labels():
+    """Neighbouring datasets (every label of teacher 0's records changed): after one step
+    the generator's trainable weights differ (through the votes), its moving statistics
+    are bit-equal, so they add nothing to what the ledger covers."""
+    config = _config(fake_rendering=FakeRendering.TEACHER_LABELS)
+    first = _dataset()
+    lens = DataLens(config, first, root_seed=6)
+    labels = first.labels.copy()
+    swapped = lens.partitions[0]
+    labels[swapped] = (labels[swapped] + 1 + np.arange(len(swapped))) % 10
+    neighbour = dataclasses.replace(first, labels=labels)
+    other = DataLens(config, neighbour, root_seed=6, partitions=lens.partitions)
+    lens.train_step()
+    other.train_step()
+    weights = zip(lens.generator.trainable_variables, other.generator.trainable_variables)
+    assert any(np.any(a.numpy() != b.numpy()) for a, b in weights)
+    for a, b in zip(_generator_state(lens), _generator_state(other)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_fake_rendering_is_a_config_value():
     config = _config(fake_rendering=FakeRendering.TEACHER_LABELS)
     assert DataLensConfig.from_dict(config.to_dict()) == config
