@@ -247,10 +247,9 @@ class DataLens:
             orders=(accounting.classic_orders(config.budget.max_order)
                     if config.budget.conversion is accounting.Conversion.CLASSIC else None))
         self.step = 0
+        # Every render leaves the generator's BN moving statistics alone (generator_function):
+        # the authors' per-teacher fake batches are a function of private labels.
         self.generate = generator_function(self.generator)
-        # The authors' per-teacher fake batches are a function of private labels: rendered
-        # without touching the generator's moving statistics (see render_without_state).
-        self.render_private = render_without_state(self.generator)
         # The data-dependent analysis (never spent): RDP at the authors' orders.
         self.analysis_orders = np.asarray(accounting.classic_orders(config.budget.max_order))
         self.analysis_rdp = (np.zeros(len(self.analysis_orders))
@@ -295,7 +294,7 @@ class DataLens:
                 self.labels[self.partitions[:, self._slot_columns()]], axis=0,
                 return_inverse=True)
             self._fake_sequence = self._fake_sequence.reshape(-1)
-            return tf.stack([self.render_private(z, self.one_hot(row)) for row in sequences])
+            return tf.stack([self.generate(z, self.one_hot(row)) for row in sequences])
         k = self.shape.num_classes
         classes = tf.repeat(tf.range(k), self.batch)
         fakes = self.generate(tf.tile(z, [k, 1]), self.one_hot(classes))
@@ -520,24 +519,17 @@ class DataLens:
 
 
 def generator_function(generator: keras.Model) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """G(z, one-hot y) as a tf.function, with batch statistics (as the authors run G)."""
-    return tf.function(lambda z, y: generator([z, y], training=True), reduce_retracing=True)
-
-
-def render_without_state(generator: keras.Model
-                         ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """G(z, one-hot y) with batch statistics, as :func:`generator_function`, that leaves
-    the generator's batch-norm moving mean and variance as they were.
+    """G(z, one-hot y) as a tf.function, with batch statistics (as the authors run G), that
+    leaves the generator's batch-norm moving mean and variance as they were.
 
     Privacy: a Keras ``BatchNormalization`` called with ``training=True`` also moves its
-    moving statistics (momentum 0.9) towards the batch's.  Those statistics are saved in
-    the published ``generator.keras``.  Rendered on data-independent labels (the class
-    grid, the random query labels, sampling) they are post-processing of the released
-    generator; rendered on a teacher's *private* label sequence (``teacher_labels``) they
-    would carry a noise-free function of those labels (the last teachers' sequences of
-    the last step, weight 0.9^2 after the step's two later calls) into the published
-    model, outside the ledger.  ``stateless_call`` computes the same output (bit-equal)
-    and its updated statistics are dropped.
+    moving statistics (momentum 0.9) towards the batch's, and those statistics are saved
+    in the published ``generator.keras``.  Rendered on a teacher's *private* label
+    sequence (``teacher_labels``) they would carry a noise-free function of those labels
+    (the last teachers' sequences of the last step) into the published model, outside the
+    ledger.  ``stateless_call`` computes the same output (bit-equal) and its updated
+    statistics are dropped, so no render can move them, whatever its labels; only the
+    student's update pass (on data-independent query labels) does.
     """
     def render(z, y):
         images, _ = generator.stateless_call(generator.trainable_variables,
