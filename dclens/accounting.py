@@ -6,9 +6,14 @@ Each TopAgg call aggregates, for ONE fake image, the votes of the N teachers. Ea
 teacher votes on exactly ``topk`` = k gradient coordinates with values in {-1, +1} (0
 elsewhere), and N(0, sigma^2) noise is added to every coordinate of the sum.
 
-Unit of privacy: one training record. The teachers are trained on disjoint partitions,
-so replacing (or adding or removing) one record changes at most one teacher, whose vote
-vector may change from any k-sparse {-1, +1} vector to any other. The L2 sensitivity of
+Unit of privacy: one training record, under **replace-one** adjacency (REPLACE_ONE in
+the DP events). The teachers are trained on disjoint partitions of a data-independent
+permutation of the record *indices* (:func:`dclens.data.index_partition`), so replacing one
+record changes at most one teacher, whose vote vector may change from any k-sparse
+{-1, +1} vector to any other. Adding or removing a record is not covered: it shifts every
+later index and so can move records between teachers. Where a loader filters records
+(CelebA-Hair keeps those with exactly one hair attribute), the unit is one record of the
+filtered set. The L2 sensitivity of
 the summed votes is therefore 2 * sqrt(k) (flipping all k votes), and one call is a
 Gaussian mechanism with noise multiplier
 
@@ -667,3 +672,30 @@ def calibrate_sigma(*, target_epsilon: float, topk: int, queries_per_step: int,
         else:
             low = mid
     return high
+
+
+def guarantee_label(epsilon: float | None, delta: float, *, non_private: bool = False,
+                    proven: bool = True, seeded: bool = False) -> str:
+    """How a released artifact (a sample grid's title, a log line) states its privacy.
+
+    The epsilon alone is a guarantee only when the accounting is proven and the noise
+    was drawn from OS entropy; every reason it is not is named beside it, so a figure
+    cut out of a run still carries its caveats:
+
+    * ``non_private``: ``"NOT PRIVATE"`` (no noise, no budget);
+    * ``epsilon is None``: ``"no query made"`` (nothing was released from the data);
+    * ``proven=False`` (an accounting no proof supports, e.g. the class-balanced
+      partition or FetchSGD's authors' sensitivity): ``"NOT a proven guarantee"``;
+    * ``seeded=True`` (``--seed`` fixes the DP noise, which anyone with the seed can
+      subtract): ``"seeded noise: NOT private"``.
+    """
+    if non_private:
+        return "NOT PRIVATE"
+    if epsilon is None:
+        return "no query made"
+    label = f"epsilon={epsilon:.3f}, delta={delta:g}"
+    if not proven:
+        label += ", NOT a proven guarantee"
+    if seeded:
+        label += ", seeded noise: NOT private"
+    return label

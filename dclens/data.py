@@ -525,6 +525,9 @@ def index_partition(num_records: int, num_partitions: int, *, seed: int) -> np.n
     Which partition record i joins depends on i and ``seed`` only, never on the data, so
     replacing one record changes exactly one partition's data (the unit of the teachers'
     sensitivity argument).  The ``num_records - N * m`` leftover records are dropped.
+    Adding or removing a record changes ``num_records`` and so the whole permutation:
+    the guarantee is for replace-one adjacency only (as the ledger's events say), over
+    the records the loader kept (CelebA-Hair: those with exactly one hair attribute).
     """
     m = num_records // num_partitions
     if m < 1:

@@ -479,6 +479,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         "batch": run_config.get("batch"),
         "privacy": {
             "private": privacy.get("private"),
+            "accounting_proven": privacy.get("accounting_proven"),
             "reproducible_noise": privacy.get("reproducible_noise"),
             "epsilon": privacy.get("epsilon"),
             "epsilon_all_conversions": privacy.get("epsilon_all_conversions"),
@@ -792,10 +793,19 @@ def render_markdown(report: dict) -> str:
             lines.append("**The epsilon is not a proven guarantee:** the run used the "
                          "class-balanced partition (the authors'), under which one replaced "
                          "record can move many records between teachers (results/README.md).")
+        elif priv.get("accounting_proven") is False:
+            lines.append("**The epsilon is not a proven guarantee:** the run's privacy.json "
+                         "says accounting_proven: false (an accounting option no proof "
+                         "supports; see its warnings).")
     else:
         lines.append(f"**NOT PRIVATE** (non-private run): {priv['steps']} steps, no noise, "
                      f"no budget.")
-    lines += ["", "![epsilon vs step](epsilon.png)", "",
+    lines += ["", "The epsilon covers the generator and its samples. The evaluation above "
+              "uses real data outside the mechanism: accuracies are measured on the real "
+              "test split, and the domain classifier (IS / FID / label agreement) and the "
+              "real-data reference row are trained on the real training split. Those "
+              "numbers are for the researcher; the epsilon does not cover them.",
+              "", "![epsilon vs step](epsilon.png)", "",
               "## Samples", "", "![samples, one row per class](samples.png)", "",
               "![classifier curves](evaluation.png)", "",
               "## Run", "",

@@ -281,10 +281,22 @@ def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar
                 lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
     if bar is not None:
         bar.update(1)
-        bar.set_postfix(eps=("n/a" if record.epsilon is None else f"{record.epsilon:.4f}"),
-                        d_loss=f"{record.teacher_loss:.3f}",
-                        g_loss=f"{record.student_loss:.3g}",
-                        passed=f"{record.pass_fraction:.3f}")
+        bar.set_postfix(progress_fields(record))
+
+
+def progress_fields(record) -> dict[str, str]:
+    """What the progress bar shows of a step: released or public quantities only.
+
+    The epsilon spent, the student's loss and the share of coordinates that passed the
+    threshold are functions of the noisy, thresholded votes (post-processing of the
+    charged mechanism). The teachers' loss is computed on the private records with no
+    noise, so it is left out here and goes only to the run's own TensorBoard
+    (``loss/teacher``), as a private diagnostic: terminal output gets pasted into issues
+    and papers.
+    """
+    return {"eps": "n/a" if record.epsilon is None else f"{record.epsilon:.4f}",
+            "g_loss": f"{record.student_loss:.3g}",
+            "passed": f"{record.pass_fraction:.3f}"}
 
 
 def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
@@ -581,8 +593,9 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
                 lens, config, curve, "non-finite loss", seeded, journal))
             latest = store.latest()
             raise TrainingDiverged(
-                f"step {record.step + 1}: a loss is not finite (teacher "
-                f"{record.teacher_loss}, student {record.student_loss}); stopped. The ledger "
+                f"step {record.step + 1}: a loss is not finite (teacher loss "
+                f"{'finite' if math.isfinite(record.teacher_loss) else 'not finite'}, "
+                f"student {record.student_loss}); stopped. The ledger "
                 f"({plan.paths.journal}, {plan.paths.privacy}) counts all "
                 f"{lens.ledger.queries} queries made; the last good checkpoint is "
                 f"{latest.path if latest else 'none (the start)'}; no outputs were written. "
@@ -619,6 +632,10 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
              else f"epsilon = {epsilon:.4f} at delta = {config.budget.delta:g} "
                   f"({config.budget.conversion.value} conversion)" if epsilon is not None
              else "epsilon = 0 (no query was made)")
+    if epsilon is not None and not config.accounting_proven:
+        spent += ", NOT a proven guarantee (privacy.json: accounting_proven false)"
+    if epsilon is not None and config.train.seed is not None:
+        spent += ", seeded noise: NOT private"
     log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
         f"{stop_reason}; {spent}; {summary.seconds:.0f} s. Outputs in {output_dir}")
     return summary
@@ -650,9 +667,10 @@ def write_sample_outputs(generate, shape, config: DataLensConfig, output_dir: st
         epsilon=None if config.train.non_private else (epsilon or 0.0))
     paths["authors_pickles"] = pickles[0]
     spec = data.dataset_spec(config.train.dataset)
-    title = ("NOT PRIVATE" if config.train.non_private
-             else f"epsilon={epsilon:.3f}, delta={config.budget.delta:g}" if epsilon is not None
-             else "no query made")
+    title = accounting.guarantee_label(epsilon, config.budget.delta,
+                                       non_private=config.train.non_private,
+                                       proven=config.accounting_proven,
+                                       seeded=config.train.seed is not None)
     paths["grid"] = os.path.join(output_dir, "samples.png")
     export.write_grid_png(paths["grid"], class_grid(generate, shape, config.train.z_dim, seeds),
                           title=f"{spec.name} samples ({title})",

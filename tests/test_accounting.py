@@ -435,3 +435,21 @@ def test_cli_bad_value_exits_nonzero_quoting_it(args, quoted):
     result = _cli(*[part for item in base.items() for part in item])
     assert result.returncode != 0
     assert quoted in result.stderr
+
+
+# ------------------------------------------------------------------ release labels
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(epsilon=0.99571, delta=1e-5), "epsilon=0.996, delta=1e-05"),
+    (dict(epsilon=0.99571, delta=1e-5, proven=False),
+     "epsilon=0.996, delta=1e-05, NOT a proven guarantee"),
+    (dict(epsilon=0.99571, delta=1e-5, seeded=True),
+     "epsilon=0.996, delta=1e-05, seeded noise: NOT private"),
+    (dict(epsilon=2.0, delta=1e-6, proven=False, seeded=True),
+     "epsilon=2.000, delta=1e-06, NOT a proven guarantee, seeded noise: NOT private"),
+    (dict(epsilon=None, delta=1e-5, proven=False), "no query made"),
+    (dict(epsilon=3.0, delta=1e-5, non_private=True, seeded=True), "NOT PRIVATE"),
+])
+def test_guarantee_label_names_every_reason_an_epsilon_is_not_a_guarantee(kwargs, expected):
+    epsilon, delta = kwargs.pop("epsilon"), kwargs.pop("delta")
+    assert accounting.guarantee_label(epsilon, delta, **kwargs) == expected

@@ -205,14 +205,55 @@ def test_save_vote_writes_the_released_updates_and_raw_sums_only_when_asked(
         assert np.all(np.abs(vote_sum) <= TEACHERS) and np.abs(vote_sum).sum() > 0
 
 
-def test_unproven_fetchsgd_accounting_is_marked_in_the_outputs(tiny_fmnist_dir, tmp_path):
+def _grid_titles(monkeypatch) -> list[str]:
+    """Collects the titles of every sample grid written (the PNG's pixels hide them)."""
+    titles = []
+    write = export.write_grid_png
+
+    def spy(path, grid, *, title="", **kwargs):
+        titles.append(title)
+        return write(path, grid, title=title, **kwargs)
+    monkeypatch.setattr(export, "write_grid_png", spy)
+    return titles
+
+
+def test_unproven_fetchsgd_accounting_is_marked_in_the_outputs(tiny_fmnist_dir, tmp_path,
+                                                               monkeypatch):
     from dclens.config import Aggregation, SketchAccounting
 
     config = tiny_config(tiny_fmnist_dir, steps=1).replace(topagg={
         "method": Aggregation.FETCHSGD, "sketch_columns": 500,
         "sketch_accounting": SketchAccounting.AUTHORS_UNPROVEN})
+    titles = _grid_titles(monkeypatch)
     lines = []
     run.train_run(config, str(tmp_path / "run"), progress=False, log=lines.append)
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert privacy["accounting_proven"] is False and privacy["aggregation"] == "fetchsgd"
     assert any("NOT a guarantee" in line for line in lines)
+    # The grid carries the caveats too (a figure gets cut out of its run directory), and
+    # so does the closing line; this run is also seeded.
+    assert titles and all("NOT a proven guarantee" in t and "seeded noise: NOT private" in t
+                          for t in titles)
+    assert "NOT a proven guarantee" in lines[-1] and "seeded noise" in lines[-1]
+
+
+def test_an_entropy_noised_proven_run_states_a_bare_epsilon(tiny_fmnist_dir, tmp_path,
+                                                            monkeypatch):
+    titles = _grid_titles(monkeypatch)
+    config = tiny_config(tiny_fmnist_dir, seed=None, steps=1)
+    summary = run.train_run(config, str(tmp_path / "run"), progress=False,
+                            log=lambda _: None)
+    assert len(titles) == 1
+    assert titles[0].endswith(f" samples (epsilon={summary.epsilon:.3f}, delta=1e-05)")
+
+
+def test_the_progress_bar_shows_no_noise_free_function_of_the_private_data():
+    """Two steps that differ only in the teachers' loss (computed on private records, no
+    noise) show the same progress fields; what is shown is released or public."""
+    from dclens.train import StepRecord
+
+    common = dict(step=3, epoch=0, queries=40, epsilon=0.5, student_loss=0.01,
+                  pass_fraction=0.3, seconds=1.0)
+    shown = [run.progress_fields(StepRecord(teacher_loss=loss, **common))
+             for loss in (0.693, 1.386)]
+    assert shown[0] == shown[1] == {"eps": "0.5000", "g_loss": "0.01", "passed": "0.300"}

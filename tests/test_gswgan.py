@@ -281,6 +281,26 @@ def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_d
     assert not (tmp_path / "bad").exists()
 
 
+def test_progress_and_grid_show_only_released_values_and_their_caveats(
+        tiny_fmnist_dir, tmp_path, capsys, monkeypatch):
+    """The DP phase's bar shows epsilon and the released gradient norm, never the critic
+    loss (computed on the drawn shard's private records, no noise); the grid's title names
+    the unproven accounting and the seeded noise."""
+    from dclens import export
+
+    titles = []
+    write = export.write_grid_png
+    monkeypatch.setattr(export, "write_grid_png", lambda path, grid, *, title="", **kw: (
+        titles.append(title), write(path, grid, title=title, **kw))[1])
+    config = _tiny_config(tiny_fmnist_dir, accounting="per_sample_paper")
+    train.train_gswgan(config, str(tmp_path / "run"), progress=True, log=lambda line: None)
+    err = capsys.readouterr().err
+    assert "eps=" in err and "norm=" in err          # the bar was drawn, with its fields
+    assert " d=" not in err and ", d=" not in err
+    assert titles == [titles[0]] and "NOT a proven guarantee" in titles[0]
+    assert "seeded noise: NOT private" in titles[0]
+
+
 def test_privacy_cli_calibrates_gswgan_under_both_accountings(capsys):
     cli = load_script("privacy")
     assert cli.main(["gswgan", "--target_eps", "10", "--iterations", "2000",

@@ -39,6 +39,7 @@ from typing import Callable
 import numpy as np
 
 from dclens import data, export, journal as journal_lib, rundir
+from dclens.accounting import guarantee_label
 from dclens.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps
@@ -458,7 +459,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                 tf.summary.scalar("private/critic_loss", critic_loss)
             writer.flush()
             if bar is not None:
-                bar.set_postfix(eps=f"{point['epsilon']:.3f}", d=f"{critic_loss:.3f}")
+                # Released quantities only: the critic loss (private, and a hint of which
+                # discriminator was drawn, which amplification needs hidden) stays out.
+                bar.set_postfix(eps=f"{point['epsilon']:.3f}", norm=f"{released_norm:.3f}")
         if done % config.checkpoint_every == 0 and done < config.iterations:
             save_checkpoint(done, False)
     else:
@@ -492,7 +495,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                             seeds, key=1)
     export.write_grid_png(os.path.join(paths.root, "samples.png"),
                           export.image_grid(grid_images, num_classes, 10),
-                          title=f"GS-WGAN, epsilon {epsilon.epsilon:.3g}")
+                          title="GS-WGAN, " + guarantee_label(
+                              epsilon.epsilon, config.delta, proven=config.accounting.proven,
+                              seeded=config.seed is not None))
     report = {"method": "gswgan", "dataset": config.dataset, "privacy": privacy,
               "warm_start": warm, "config": config.to_dict(), "curves": curves,
               "samples": samples_path, "seconds_this_call": time.perf_counter() - started}
