@@ -272,11 +272,26 @@ def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> R
 
 def differences_except(changeable: frozenset[str]):
     """A ``differences_of`` for :func:`plan_run` over flat ``to_dict()`` configs that lets
-    the settings in ``changeable`` differ on resume."""
+    the settings in ``changeable`` differ on resume.
+
+    A setting the saved config lacks was added after the run was made; its default is
+    what dclens did before it existed (the rule for new settings), so it counts as equal
+    when the new config leaves it at that default.
+    """
     def differences(saved: dict[str, Any], config) -> list[tuple[str, Any, Any]]:
+        defaults = _defaults_of(config)
         return [d for d in config_differences(saved, config.to_dict())
-                if d[0] not in changeable]
+                if d[0] not in changeable
+                and not (d[0] not in saved and d[0] in defaults and defaults[d[0]] == d[2])]
     return differences
+
+
+def _defaults_of(config) -> dict[str, Any]:
+    """The flat ``to_dict()`` of the config class's defaults ({} if it has none)."""
+    try:
+        return type(config)().to_dict()
+    except (TypeError, ValueError):
+        return {}
 
 
 def set_aside(output_dir: str) -> str:

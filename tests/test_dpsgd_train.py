@@ -185,6 +185,70 @@ def test_the_learning_rate_defaults_per_method_and_a_given_one_is_kept():
         DpsgdConfig(learning_rate=-1.0)
 
 
+def test_the_step_decay_schedule_is_exact():
+    """lr * decay^m, m = the milestones passed (step >= fraction * total): GEP's code's
+    0.5 / 0.75 with 0.1 on 100 steps is 1 for steps 0-49, 0.1 for 50-74, 0.01 after."""
+    config = DpsgdConfig(learning_rate=1.0, lr_milestones=(0.5, 0.75), lr_decay=0.1)
+    rates = [config.learning_rate_at(step, 100) for step in (0, 49, 50, 74, 75, 99)]
+    assert rates == [1.0, 1.0, 0.1, 0.1, pytest.approx(0.01, rel=1e-12),
+                     pytest.approx(0.01, rel=1e-12)]
+    assert config.to_dict()["lr_milestones"] == [0.5, 0.75]        # JSON-shaped
+    plain = DpsgdConfig(learning_rate=0.3)
+    assert {plain.learning_rate_at(step, 10) for step in range(10)} == {0.3}
+    for changes, match in (({"lr_milestones": (0.75, 0.5)}, "lr_milestones"),
+                           ({"lr_milestones": (1.0,)}, "lr_milestones"),
+                           ({"lr_milestones": "half"}, "lr_milestones = 'half'"),
+                           ({"lr_decay": 0.0}, "lr_decay = 0.0"),
+                           ({"lr_decay": 1.5}, "lr_decay = 1.5")):
+        with pytest.raises(DpsgdConfigError, match=match):
+            DpsgdConfig(**changes)
+
+
+def test_the_loop_applies_the_schedule(tiny_fmnist_dir, tmp_path):
+    """With the rate cut to ~0 at half of 2 epochs, a run ends where a 1-epoch run with
+    the same sigma ends (same keyed samples and noise for those steps); without the cut
+    it goes on moving."""
+    import keras
+
+    common = dict(sigma=1.5, target_eps=None, epochs=2.0)
+    configs = {"cut": _config(tiny_fmnist_dir, lr_milestones=(0.5,), lr_decay=1e-30, **common),
+               "half": _config(tiny_fmnist_dir, **{**common, "epochs": 1.0}),
+               "whole": _config(tiny_fmnist_dir, **common)}
+    reports, weights = {}, {}
+    for name, config in configs.items():
+        reports[name] = train.train_private_classifier(config, str(tmp_path / name),
+                                                       progress=False, log=lambda line: None)
+        weights[name] = keras.models.load_model(tmp_path / name / "model.keras").get_weights()
+    assert reports["cut"]["privacy"]["steps"] == 2 * reports["half"]["privacy"]["steps"]
+    for a, b in zip(weights["cut"], weights["half"]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(weights["whole"], weights["half"])) > 1e-3
+
+
+def test_a_run_made_before_a_setting_existed_resumes_at_its_default(tiny_fmnist_dir,
+                                                                    tmp_path):
+    """config.json of an older dclens lacks lr_milestones / lr_decay: the run resumes
+    (their defaults are what it did); asking for a schedule it did not have is refused."""
+    from dclens import rundir
+
+    config = _config(tiny_fmnist_dir, epochs=0.5)
+    train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                   log=lambda line: None)
+    path = tmp_path / "run" / "config.json"
+    saved = json.loads(path.read_text())
+    for name in ("lr_milestones", "lr_decay"):
+        del saved["config"][name]
+    path.write_text(json.dumps(saved))
+    again = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                           log=lambda line: None)
+    assert again["privacy"]["steps"] >= 1
+    with pytest.raises(rundir.RunDirError, match="lr_milestones"):
+        train.train_private_classifier(_config(tiny_fmnist_dir, epochs=0.5,
+                                               lr_milestones=(0.5,)),
+                                       str(tmp_path / "run"), progress=False,
+                                       log=lambda line: None)
+
+
 def test_cli_runs_and_reports(tiny_fmnist_dir, tmp_path, capsys):
     cli = _cli()
     code = cli.main(["--method", "topagg", "--data_dir", str(tiny_fmnist_dir),

@@ -29,6 +29,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add("--learning_rate", type=float, help="plain SGD step (with --momentum) [default: "
         + ", ".join(f"{m.value} {lr:g}" for m, lr in DEFAULT_LEARNING_RATES.items()) + "]")
     add("--momentum", type=float, default=defaults.momentum)
+    add("--lr_milestones", type=float, nargs="*", default=list(defaults.lr_milestones),
+        metavar="FRACTION", help="multiply the learning rate by --lr_decay at each of these "
+        "fractions of the planned steps (GEP's code: 0.5 0.75) [default: none]")
+    add("--lr_decay", type=float, default=defaults.lr_decay,
+        help="the factor applied at each --lr_milestones fraction")
     add("--clip", type=float, default=defaults.clip, help="C, the per-example L2 clip")
     add("--topk", type=float, default=defaults.topk, help="NormTopK fraction k in (0, 1]")
     add("--clip_embedding", type=float, default=defaults.clip_embedding, help="GEP S1")
@@ -63,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> DpsgdConfig:
         max_records=args.max_records, target_eps=target, sigma=args.sigma,
         delta=args.delta, conversion=args.conversion, batch_size=args.batch_size,
         epochs=args.epochs, learning_rate=args.learning_rate, momentum=args.momentum,
+        lr_milestones=tuple(args.lr_milestones), lr_decay=args.lr_decay,
         clip=args.clip, topk=args.topk, clip_embedding=args.clip_embedding,
         clip_residual=args.clip_residual, num_bases=args.num_bases,
         num_groups=args.num_groups, anchors=args.anchors,

@@ -7,7 +7,7 @@ from typing import Any
 
 from dclens import data
 from dclens.accounting import Conversion
-from dclens.field_checks import FieldChecks
+from dclens.field_checks import FieldChecks, is_finite_number
 from dclens.dpsgd.mechanisms import Method
 
 #: Where GEP's anchor images come from: ``held_out`` training images (removed from the
@@ -54,6 +54,10 @@ class DpsgdConfig:
     epochs: float = 15.0                 # steps = round(epochs * n / batch_size)
     learning_rate: float | None = None   # None: the method's (DEFAULT_LEARNING_RATES)
     momentum: float = 0.0
+    #: Step decay: the rate is multiplied by ``lr_decay`` at each of these fractions of
+    #: the planned steps (GEP's code: (0.5, 0.75) with 0.1; its paper: (0.5,)).
+    lr_milestones: tuple[float, ...] = ()
+    lr_decay: float = 0.1
     clip: float = 1.0                    # C (GM, TopAgg)
     topk: float = 0.8                    # NormTopK fraction (TopAgg variants)
     clip_embedding: float = 5.0          # GEP S1
@@ -83,6 +87,7 @@ class DpsgdConfig:
         check.positive(("epochs", "learning_rate", "clip", "clip_embedding",
                         "clip_residual"))
         check.fraction(("momentum",))
+        self._check_schedule(check)
         if not (isinstance(self.topk, (int, float)) and 0 < self.topk <= 1):
             check.fail("topk",
                        "is a fraction of the squared norm (or of the coordinates): (0, 1]")
@@ -93,6 +98,29 @@ class DpsgdConfig:
         if self.method.is_gep and self.anchors < 1:
             check.fail("anchors", "GEP needs anchor images (held out, random labels): >= 1")
         check.optional_int("seed", 0)
+
+    def _check_schedule(self, check: FieldChecks) -> None:
+        milestones = self.lr_milestones
+        if isinstance(milestones, (int, float)) and not isinstance(milestones, bool):
+            milestones = (milestones,)
+        if not isinstance(milestones, (tuple, list)):
+            check.fail("lr_milestones", "give fractions of the planned steps, e.g. 0.5 0.75")
+        milestones = tuple(milestones)
+        if not all(is_finite_number(m) and 0 < m < 1 for m in milestones) or \
+                any(b <= a for a, b in zip(milestones, milestones[1:])):
+            check.fail("lr_milestones",
+                       "must be increasing fractions of the planned steps in (0, 1), "
+                       "e.g. 0.5 0.75")
+        object.__setattr__(self, "lr_milestones", tuple(float(m) for m in milestones))
+        if not (is_finite_number(self.lr_decay) and 0 < self.lr_decay <= 1):
+            check.fail("lr_decay", "is the factor applied at each milestone: (0, 1]")
+
+    def learning_rate_at(self, step: int, total_steps: int) -> float:
+        """The SGD step size of step ``step`` (0-based) of ``total_steps``:
+        ``learning_rate * lr_decay ** m``, m the milestones with ``step >= f * total_steps``.
+        Post-processing of the released gradients: no effect on the privacy spent."""
+        passed = sum(1 for fraction in self.lr_milestones if step >= fraction * total_steps)
+        return self.learning_rate * self.lr_decay ** passed
 
     @property
     def held_out(self) -> int:
@@ -113,6 +141,7 @@ class DpsgdConfig:
         values = dataclasses.asdict(self)
         values["method"] = self.method.value
         values["conversion"] = self.conversion.value
+        values["lr_milestones"] = list(self.lr_milestones)
         return values
 
     def check_data(self, records: int) -> None:

@@ -23,8 +23,15 @@ END_MARK = "<!-- dpsgd:end -->"
 
 #: Settings that make two runs one row (besides method and budget); the method decides
 #: which of them apply (:func:`_settings`).
-_COMMON = ("learning_rate", "momentum", "epochs", "batch_size", "activation", "validation",
-           "dataset", "max_records", "delta", "conversion")
+_COMMON = ("learning_rate", "lr_milestones", "lr_decay", "momentum", "epochs", "batch_size",
+           "activation", "validation", "dataset", "max_records", "delta", "conversion")
+#: Settings added after runs were published, with the value those runs had (no schedule).
+_ADDED_LATER = {"lr_milestones": (), "lr_decay": 0.1}
+
+
+def _hashable(value: object) -> object:
+    """A JSON list (e.g. lr_milestones) as a tuple, so settings can key a row."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 class ReportError(ValueError):
@@ -62,7 +69,7 @@ def _settings(config: dict) -> tuple[tuple[str, object], ...]:
     if method in ("gep", "bgep"):
         names += ["clip_embedding", "clip_residual", "num_bases", "num_groups", "anchors",
                   "anchor_source"]
-    return tuple((name, config.get(name)) for name in names)
+    return tuple((name, _hashable(config.get(name, _ADDED_LATER.get(name)))) for name in names)
 
 
 def read_run(path: str) -> Run:
@@ -94,11 +101,14 @@ def _describe(settings: tuple[tuple[str, object], ...], defaults: dict) -> str:
     they are now), e.g. ``lr 4``."""
     short = {"learning_rate": "lr", "momentum": "momentum", "clip": "C", "topk": "k",
              "epochs": "epochs", "batch_size": "B", "clip_embedding": "S1",
-             "clip_residual": "S2", "num_bases": "bases", "anchors": "anchors"}
+             "clip_residual": "S2", "num_bases": "bases", "anchors": "anchors",
+             "lr_milestones": "lr decayed at (of the steps)", "lr_decay": "lr decay"}
     parts = []
     for name, value in settings:
-        if defaults.get(name) != value:
-            shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if _hashable(defaults.get(name)) != value:
+            shown = (f"{value:g}" if isinstance(value, float) else
+                     "/".join(f"{v:g}" for v in value) if isinstance(value, tuple) else
+                     str(value))
             parts.append(f"{short.get(name, name)} {shown}")
     return ", ".join(parts) or "defaults"
 

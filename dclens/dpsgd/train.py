@@ -106,7 +106,7 @@ class _Model:
         self.sizes = [int(np.prod(v.shape)) for v in self.variables]
         self.num_params = sum(self.sizes)
         self.velocity = np.zeros(self.num_params, np.float32)
-        self.learning_rate, self.momentum = config.learning_rate, config.momentum
+        self.momentum = config.momentum
         pixels = tf.TensorSpec((None, *image_shape), tf.float32)
         self._per_example = tf.function(self._per_example_impl, input_signature=[
             pixels, tf.TensorSpec((None,), tf.int64)])
@@ -125,13 +125,13 @@ class _Model:
             return tf.zeros((0, self.num_params), tf.float32)
         return self._per_example(tf.constant(images), tf.constant(labels, tf.int64))
 
-    def apply(self, gradient: np.ndarray) -> None:
-        """velocity = momentum * velocity + g; w -= lr * velocity."""
+    def apply(self, gradient: np.ndarray, learning_rate: float) -> None:
+        """velocity = momentum * velocity + g; w -= learning_rate * velocity."""
         self.velocity = self.momentum * self.velocity + np.asarray(gradient, np.float32)
         start = 0
         for variable, size in zip(self.variables, self.sizes):
             piece = self.velocity[start:start + size].reshape(variable.shape)
-            variable.assign_sub(self.learning_rate * piece)
+            variable.assign_sub(learning_rate * piece)
             start += size
 
     def accuracy(self, images: np.ndarray, labels: np.ndarray, batch: int = 2000) -> float:
@@ -312,7 +312,8 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         hook("after_spend", step)
         per_example = model.per_example(split.private_images[batch],
                                         split.private_labels[batch])
-        model.apply(mechanism.noisy_gradient(per_example, step=step, attempt=attempt))
+        model.apply(mechanism.noisy_gradient(per_example, step=step, attempt=attempt),
+                    config.learning_rate_at(step, total_steps))
         done = step + 1
         hook("after_step", done)
         if bar is not None:
