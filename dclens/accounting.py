@@ -693,9 +693,11 @@ def guarantee_label(epsilon: float | None, delta: float, *, non_private: bool = 
         return "NOT PRIVATE"
     if epsilon is None:
         return "no query made"
-    label = f"epsilon={epsilon:.3f}, delta={delta:g}"
-    if not proven:
-        label += ", NOT a proven guarantee"
-    if seeded:
-        label += ", seeded noise: NOT private"
-    return label
+    return f"epsilon={epsilon:.3f}, delta={delta:g}" + guarantee_caveats(proven=proven,
+                                                                         seeded=seeded)
+
+
+def guarantee_caveats(*, proven: bool, seeded: bool) -> str:
+    """The reasons an epsilon is not a guarantee, as a suffix (``""`` when it is one)."""
+    return ((", NOT a proven guarantee" if not proven else "")
+            + (", seeded noise: NOT private" if seeded else ""))

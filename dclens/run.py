@@ -632,10 +632,9 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
              else f"epsilon = {epsilon:.4f} at delta = {config.budget.delta:g} "
                   f"({config.budget.conversion.value} conversion)" if epsilon is not None
              else "epsilon = 0 (no query was made)")
-    if epsilon is not None and not config.accounting_proven:
-        spent += ", NOT a proven guarantee (privacy.json: accounting_proven false)"
-    if epsilon is not None and config.train.seed is not None:
-        spent += ", seeded noise: NOT private"
+    if epsilon is not None:
+        spent += accounting.guarantee_caveats(proven=config.accounting_proven,
+                                              seeded=config.train.seed is not None)
     log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
         f"{stop_reason}; {spent}; {summary.seconds:.0f} s. Outputs in {output_dir}")
     return summary

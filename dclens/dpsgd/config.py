@@ -101,8 +101,6 @@ class DpsgdConfig:
 
     def _check_schedule(self, check: FieldChecks) -> None:
         milestones = self.lr_milestones
-        if isinstance(milestones, (int, float)) and not isinstance(milestones, bool):
-            milestones = (milestones,)
         if not isinstance(milestones, (tuple, list)):
             check.fail("lr_milestones", "give fractions of the planned steps, e.g. 0.5 0.75")
         milestones = tuple(milestones)
