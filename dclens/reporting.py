@@ -1,5 +1,6 @@
 """Small helpers the result reports share: a mean and sample standard deviation over runs,
-its table cell, and rewriting the generated part of a hand-written markdown file."""
+its table cell, publishing a file into results/ without overwriting a different one, and
+rewriting the generated part of a hand-written markdown file."""
 
 from __future__ import annotations
 
@@ -8,6 +9,27 @@ import os
 from typing import Iterable
 
 from dclens import export
+
+
+class ReportError(ValueError):
+    """A file to publish or read is missing or is not what it should be."""
+
+
+def copy_once(source: str, target: str, *, replace: bool = False) -> str:
+    """Copies ``source`` to ``target`` atomically. An existing ``target`` with the same
+    bytes is left alone; one with other bytes is an error unless ``replace`` (a result
+    is never overwritten by accident). Returns ``target``."""
+    with open(source, "rb") as handle:
+        content = handle.read()
+    if os.path.exists(target) and not replace:
+        with open(target, "rb") as handle:
+            if handle.read() == content:
+                return target
+        raise ReportError(f"{target} exists with other content; choose another --name or "
+                          f"remove it first")
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    export.atomic_write(target, lambda out: out.write(content))
+    return target
 
 
 def mean_sd(values: Iterable[float]) -> tuple[int, float | None, float | None]:

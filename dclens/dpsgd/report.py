@@ -15,8 +15,7 @@ import glob
 import json
 import os
 
-from dclens import export
-from dclens.reporting import mean_sd, mean_sd_cell, write_marked_section
+from dclens.reporting import ReportError, copy_once, mean_sd, mean_sd_cell, write_marked_section
 
 BEGIN_MARK = "<!-- dpsgd:begin (written by scripts/dpsgd_report.py; edit outside the markers) -->"
 END_MARK = "<!-- dpsgd:end -->"
@@ -32,10 +31,6 @@ _ADDED_LATER = {"lr_milestones": (), "lr_decay": 0.1}
 def _hashable(value: object) -> object:
     """A JSON list (e.g. lr_milestones) as a tuple, so settings can key a row."""
     return tuple(value) if isinstance(value, list) else value
-
-
-class ReportError(ValueError):
-    """A file to publish or read is missing or is not what it should be."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +176,7 @@ def publish_run(run_dir: str, results_dir: str, name: str | None = None) -> str:
                           f"(repeat its scripts/dpsgd.py command to resume it)")
     read_run(source)                                  # it must be a report we can read
     name = name or os.path.basename(os.path.normpath(run_dir))
-    return _copy(source, os.path.join(results_dir, f"{name}.json"))
+    return copy_once(source, os.path.join(results_dir, f"{name}.json"))
 
 
 def publish_sweep(root: str, results_dir: str, name: str | None = None) -> list[str]:
@@ -196,7 +191,7 @@ def publish_sweep(root: str, results_dir: str, name: str | None = None) -> list[
     with open(source, encoding="utf-8") as handle:
         sweep = json.load(handle)
     target = os.path.join(results_dir, "sweeps", f"{name}.json")
-    written = [_copy(source, target, replace=_grown_from(sweep, target))]
+    written = [copy_once(source, target, replace=_grown_from(sweep, target))]
     for row in sweep["rows"]:
         written.append(publish_run(os.path.join(root, row["name"]), results_dir,
                                    f"{name}-{row['name']}"))
@@ -217,20 +212,6 @@ def _grown_from(sweep: dict, target: str) -> bool:
     rows = {row["name"]: row for row in sweep.get("rows", [])}
     return (published.get("base") == sweep.get("base")
             and all(rows.get(row["name"]) == row for row in published.get("rows", [])))
-
-
-def _copy(source: str, target: str, *, replace: bool = False) -> str:
-    with open(source, "rb") as handle:
-        content = handle.read()
-    if os.path.exists(target) and not replace:
-        with open(target, "rb") as handle:
-            if handle.read() == content:
-                return target
-        raise ReportError(f"{target} exists with other content; choose another --name or "
-                          f"remove it first")
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    export.atomic_write(target, lambda out: out.write(content))
-    return target
 
 
 def write(results_dir: str) -> str:
