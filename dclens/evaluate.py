@@ -469,11 +469,14 @@ def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, sa
 def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
              settings: EvalSettings = EvalSettings(), *, data_dir: str | None = None,
              cache_dir: str | None = None, input_kind: str = "arrays",
+             authors_state_path: str | os.PathLike | None = None,
              log: Callable[[str], None] = print) -> dict:
     """Trains the classifier on ``synthetic``, measures it on ``test``; the JSON record.
 
     ``data_dir`` is where the real training data lies (for the domain classifier of
-    IS/FID, trained once and cached in ``cache_dir``).
+    IS/FID, trained once and cached in ``cache_dir``). ``authors_state_path``: the resume
+    file of the authors' protocol (600 epochs: up to hours), so an interrupted evaluation
+    continues its trajectory when run again (see :func:`run_authors_protocol`).
     """
     started = time.perf_counter()
     if synthetic.spec.image_shape != test.spec.image_shape:
@@ -547,7 +550,8 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
 
     if settings.authors is not None:
         protocols[authors_key(settings.authors)] = run_authors_protocol(
-            as_given, test, settings.authors, seed=seeds["init"], log=log)
+            as_given, test, settings.authors, seed=seeds["init"],
+            state_path=authors_state_path, log=log)
 
     quality_result = None
     if settings.quality:
@@ -587,6 +591,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
 def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
                   data_dir: str | None = None, settings: EvalSettings = EvalSettings(),
                   cache_dir: str | None = None,
+                  authors_state_path: str | os.PathLike | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """:func:`evaluate` for samples on disk; dataset/data_dir default to the run's config."""
     saved = run_dir_config(path)
@@ -597,7 +602,7 @@ def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
     synthetic, kind = load_synthetic(path, dataset)
     test = load_test(dataset, data_dir, limit=settings.test_limit)
     record = evaluate(synthetic, test, settings, data_dir=data_dir, cache_dir=cache_dir,
-                      input_kind=kind, log=log)
+                      input_kind=kind, authors_state_path=authors_state_path, log=log)
     record["input"]["path"] = os.fspath(path)
     return record
 
@@ -683,6 +688,14 @@ def plot_curves(record: dict, path: str | os.PathLike, *, title: str = "") -> No
     figure.tight_layout()
     export.atomic_write(path, lambda s: figure.savefig(s, format="png"))
     pyplot.close(figure)
+
+
+def authors_state_file(out_dir: str | os.PathLike, name: str,
+                       protocol: authors_protocol.AuthorsProtocol) -> str:
+    """Where ``scripts/evaluate.py`` keeps the authors' protocol's resume state: beside
+    the outputs, ``<out>/<name>-authors-range<R>.npz`` (kept after the end, so the same
+    evaluation run again returns at once; another input or setting is refused by name)."""
+    return os.path.join(os.fspath(out_dir), f"{name}-authors-range{protocol.range}.npz")
 
 
 def write_outputs(record: dict, out_dir: str | os.PathLike,

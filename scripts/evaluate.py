@@ -54,7 +54,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add("--protocol", choices=("standard", "authors"), default="standard",
         help="standard: val (headline) and sen; authors: also the authors' evaluation "
         "script exactly (--range pickles in a 100,000-row zero array, SGD lr 2e-3, batch "
-        "512, 600 epochs, best test accuracy) [default: standard]")
+        "512, 600 epochs, best test accuracy; its state is saved in <out>/<name>-authors-"
+        "range<R>.npz, so an interrupted call resumes when repeated) [default: standard]")
     add("--range", dest="authors_range", type=int, default=1,
         help="with --protocol authors: pickles of 10,000 samples the script reads "
         "(theirs defaults to 1) [default: 1]")
@@ -133,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
                                                     cache_dir=args.cache_dir, log=log)
             out = args.out or os.path.join("runs", f"eval-real-{evaluate.base_dataset(dataset)}")
         else:
-            record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
-                                            settings=settings, cache_dir=args.cache_dir,
-                                            log=log)
             folder = args.input if os.path.isdir(args.input) else os.path.dirname(args.input)
             out = args.out or folder or "."
+            state = None
+            if settings.authors is not None:          # hours of SGD: resumable
+                os.makedirs(out, exist_ok=True)
+                state = evaluate.authors_state_file(out, args.name, settings.authors)
+            record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
+                                            settings=settings, cache_dir=args.cache_dir,
+                                            authors_state_path=state, log=log)
         record["command"] = shlex.join(["python", "scripts/evaluate.py",
                                         *(sys.argv[1:] if argv is None else argv)])
         paths = evaluate.write_outputs(record, out, args.name)

@@ -134,3 +134,39 @@ def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
     other = _labeled(100, 5)
     with pytest.raises(ValueError, match="differs in samples"):
         authors_protocol.train_authors_protocol(other, test, SMALL, seed=3, state_path=state)
+
+
+def test_the_cli_keeps_the_authors_state_beside_its_outputs_and_resumes(
+        tmp_path, tiny_fmnist_dir, capsys):
+    """scripts/evaluate.py --protocol authors saves the loop's state in
+    <out>/<name>-authors-range<R>.npz: the same call again resumes from it (here: a
+    finished state, so no epoch runs and the record is the same), and other samples at
+    that path are refused by name instead of being mixed in."""
+    import json
+
+    from dclens import export
+
+    cli = load_script("evaluate")
+    synthetic = _labeled(10000, 0)
+    npz = tmp_path / "samples.npz"
+    export.write_samples_npz(npz, synthetic.images, synthetic.labels)
+    command = [str(npz), "--dataset", "fashion_mnist", "--data_dir", str(tiny_fmnist_dir),
+               "--no_quality", "--epochs", "1", "--protocol", "authors",
+               "--authors_epochs", "2"]
+    assert cli.main(command) == 0
+    state = tmp_path / "evaluation-authors-range1.npz"
+    assert state.exists()
+    first = json.loads((tmp_path / "evaluation.json").read_text())
+    capsys.readouterr()
+    assert cli.main(command) == 0
+    assert f"authors protocol: resumed after epoch 2 from {state}" in capsys.readouterr().out
+    again = json.loads((tmp_path / "evaluation.json").read_text())
+    assert (again["protocols"]["authors_range1"]["curve"]
+            == first["protocols"]["authors_range1"]["curve"])
+
+    other = _labeled(10000, 7)
+    export.write_samples_npz(npz, other.images, other.labels)
+    assert cli.main(command) == 2
+    assert "differs in samples" in capsys.readouterr().err
+    assert cli.main(command + ["--name", "other"]) == 0          # its own state file
+    assert (tmp_path / "other-authors-range1.npz").exists()
