@@ -60,7 +60,7 @@ def test_each_row_says_what_its_epsilon_is_worth(tmp_path):
     table = report.render(report.collect(str(results)))
     rows = [line for line in table.splitlines() if line.startswith("| [")]
     assert [row.split(" | ")[1] for row in rows] == list(runs)      # proven first
-    assert "| 5.72e+03 (1e-05, iteration) |" in rows[3]
+    assert "| 5715 (1e-05, iteration) |" in rows[3]
     assert "1.9 (per_sample_paper, NOT proven)" in rows[0]
 
 

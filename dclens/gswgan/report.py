@@ -139,7 +139,7 @@ def _number(value: float | None, digits: int = 4) -> str:
 
 
 def _epsilon(value: float) -> str:
-    return f"{value:.3g}" if value < 1e4 else f"{value:.1e}"
+    return f"{value:.4g}"
 
 
 def _other_accounting(run: PublishedRun) -> str:
