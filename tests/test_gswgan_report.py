@@ -16,7 +16,7 @@ def _write_run(folder, *, val=0.4, sen=0.5, authors=None, epsilon=9.5, proven=Tr
                evaluated=True, **config):
     """A run folder as scripts/gswgan.py and scripts/evaluate.py leave it (the fields the
     table reads), with ``config`` overriding the paper's settings."""
-    values = dataclass_dict(GswganConfig(**config))
+    values = GswganConfig(**config).to_dict()
     accounting = values["accounting"]
     body = {"method": "gswgan", "config": values,
             "privacy": {"accounting": accounting, "accounting_proven": proven,
@@ -34,13 +34,6 @@ def _write_run(folder, *, val=0.4, sen=0.5, authors=None, epsilon=9.5, proven=Tr
         (folder / "evaluation.json").write_text(json.dumps(
             {"protocols": protocols, "quality": {"fid": 123.45, "label_agreement": 0.3}}))
     return folder
-
-
-def dataclass_dict(config: GswganConfig) -> dict:
-    values = {}
-    for name, value in vars(config).items():
-        values[name] = getattr(value, "value", value)          # enums as their JSON value
-    return values
 
 
 def test_each_row_says_what_its_epsilon_is_worth(tmp_path):
@@ -65,7 +58,7 @@ def test_each_row_says_what_its_epsilon_is_worth(tmp_path):
 
 
 def test_the_scale_column_names_every_setting_that_differs_from_the_paper():
-    paper = dataclass_dict(GswganConfig())
+    paper = GswganConfig().to_dict()
     assert report.scale_description(paper) == "paper config"
     small = dict(paper, num_discriminators=200, model_dim=8, iterations=500)
     assert report.scale_description(small) == ("N_D 200 (paper 1000), m 8 (64), "

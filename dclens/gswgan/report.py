@@ -29,7 +29,6 @@ import glob
 import json
 import os
 
-from dclens.gswgan.accounting import Accounting
 from dclens.gswgan.config import GswganConfig
 from dclens.reporting import ReportError, copy_once, write_marked_section
 
@@ -162,10 +161,9 @@ def render(runs: list[PublishedRun]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        accounting = Accounting(run.privacy["accounting"]).value
         lines.append(
             f"| [{run.name}]({run.name}/) | {run.kind} | {_epsilon(run.epsilon)} "
-            f"({run.delta:g}, {accounting}) | {_other_accounting(run)} | "
+            f"({run.delta:g}, {run.privacy['accounting']}) | {_other_accounting(run)} | "
             f"{scale_description(run.config)} | {float(run.privacy['sigma']):.4g} | "
             f"{_number(run.protocol('val'))} | {_number(run.protocol('sen'))} | "
             f"{_number(run.protocol('authors_range1'))} | "
