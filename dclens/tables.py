@@ -10,7 +10,9 @@ accuracy at epsilon = 1, delta = 1e-5.  Table 6 is the time per epoch of Table 5
 
 Rows run one after the other; each is an ordinary reproduction (resumable: a row whose
 report exists is read back, an unfinished run is resumed), so a table may take several
-sessions at the paper scale.
+sessions at the paper scale. A row run for one table counts for every table that has it
+(rows are named by their options), ``only`` runs some rows and leaves the others, and the
+table files are rewritten after every row with the rows not yet run marked so.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable
+from typing import Callable, Collection
 
-from dclens import export, reproduce
+from dclens import export, reporting, reproduce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,50 +121,118 @@ def check_row_report(report: dict, options: reproduce.ReproduceOptions, path: st
             + ". Move it away to run the row afresh")
 
 
-def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
-              run_root: str = os.path.join("runs", "tables"),
-              log: Callable[[str], None] = print, **reproduce_kwargs) -> dict:
-    """Runs (or reads back) every row of ``table``; writes ``table.json`` and ``table.md``."""
+def _read_report(path: str, options: reproduce.ReproduceOptions) -> dict:
+    with open(path, encoding="utf-8") as stream:
+        report = json.load(stream)
+    check_row_report(report, options, path)
+    return report
+
+
+def _sibling_row(out_dir: str, name: str) -> str | None:
+    """A finished row folder of the same name in another table's directory beside
+    ``out_dir`` (rows are named by every option that changes the result, so Table 7's
+    "- threshold" row is Table 4(b)'s "beta = 0" row), or None."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if not os.path.isdir(parent):
+        return None
+    for table_dir in sorted(os.listdir(parent)):
+        folder = os.path.join(parent, table_dir, name)
+        if (os.path.abspath(os.path.join(parent, table_dir)) != os.path.abspath(out_dir)
+                and os.path.isfile(os.path.join(folder, "report.json"))):
+            return folder
+    return None
+
+
+def _adopt_row(source: str, target: str) -> None:
+    """Copies a finished row's published files (report, plots) into this table."""
+    for entry in sorted(os.listdir(source)):
+        path = os.path.join(source, entry)
+        if os.path.isfile(path):
+            reporting.copy_once(path, os.path.join(target, entry))
+
+
+def _row_entry(row: Row, options: reproduce.ReproduceOptions, base_dataset: str,
+               report: dict | None) -> dict:
+    """One line of ``table.json``: the paper's numbers, and ours if the row has run."""
+    entry = {"row": row.label, "name": options.default_name(), "changes": row.changes,
+             "paper": row.paper.get(base_dataset),
+             "paper_seconds_per_epoch": (row.paper_seconds_per_epoch or {}).get(base_dataset),
+             "status": "not run", "val": None, "sen": None, "authors": None,
+             "epsilon": None, "steps": None, "seconds_per_epoch": None, "deviations": []}
+    if report is None:
+        return entry
+    privacy = report["privacy"]
+    steps = privacy.get("steps") or 0
+    train_seconds = report["seconds"].get("train")
+    steps_per_epoch = max(1, (report.get("partition_size") or 0)
+                          // max(1, report.get("batch") or 1))
+    entry.update({
+        "status": "finished",
+        "val": report["accuracy"]["val"], "sen": report["accuracy"]["sen"],
+        "authors": report["accuracy"].get("authors"),
+        "epsilon": (privacy.get("epsilon") or {}).get("epsilon"),
+        "steps": steps,
+        "seconds_per_epoch": (train_seconds / steps * steps_per_epoch
+                              if train_seconds and steps else None),
+        "deviations": report["deviations"],
+    })
+    return entry
+
+
+def table_row_names(table: str, base: reproduce.ReproduceOptions) -> list[str]:
+    """The run names of ``table``'s rows at the shared options ``base``, in table order."""
     if table not in TABLES:
         raise reproduce.ReproduceError(f"unknown table {table!r}; use one of {sorted(TABLES)}")
+    return [row_options(base, row).default_name() for row in TABLES[table][1]]
+
+
+def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
+              run_root: str = os.path.join("runs", "tables"),
+              log: Callable[[str], None] = print, only: Collection[str] | None = None,
+              train: bool = True, **reproduce_kwargs) -> dict:
+    """Runs (or reads back) the rows of ``table``; writes ``table.json`` and ``table.md``.
+
+    A row is read back from its report in ``out_dir``, else adopted (copied) from a
+    finished row of the same name in another table's directory beside ``out_dir``, else
+    trained -- only if ``train`` and (``only`` is None or names it). A row that is none
+    of these stays "not run". The table files are rewritten after every row, so a table
+    that spans sessions always shows what has finished.
+    """
     if base.eps != 1:
         raise reproduce.ReproduceError("the paper's analysis tables are at epsilon = 1")
+    names = table_row_names(table, base)
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise reproduce.ReproduceError(
+            f"no row named {', '.join(map(repr, unknown))} in table {table} at these "
+            f"options; its rows are {', '.join(names)} (scripts/tables.py --dry_run lists "
+            f"them)")
     title, rows = TABLES[table]
-    results = []
-    for row in rows:
+    entries = [_row_entry(row, row_options(base, row), base.dataset, None) for row in rows]
+    summary = {"table": table, "title": title, "dataset": base.dataset,
+               "options": dataclasses.asdict(base), "rows": entries}
+    for index, (row, name) in enumerate(zip(rows, names)):
         options = row_options(base, row)
-        name = options.default_name()
         row_out = os.path.join(out_dir, name)
         report_path = os.path.join(row_out, "report.json")
+        sibling = None if os.path.exists(report_path) else _sibling_row(out_dir, name)
         if os.path.exists(report_path):
             log(f"{row.label}: reading the finished row {report_path}")
-            with open(report_path) as stream:
-                report = json.load(stream)
-            check_row_report(report, options, report_path)
-        else:
+            report = _read_report(report_path, options)
+        elif sibling is not None:
+            log(f"{row.label}: adopting the finished row {sibling}")
+            report = _read_report(os.path.join(sibling, "report.json"), options)
+            _adopt_row(sibling, row_out)
+        elif train and (only is None or name in only):
             log(f"{row.label}: running {name}")
             report = reproduce.reproduce(options, out_dir=row_out,
                                          run_dir=os.path.join(run_root, name), log=log,
                                          **reproduce_kwargs)
-        privacy = report["privacy"]
-        steps = privacy.get("steps") or 0
-        train_seconds = report["seconds"].get("train")
-        steps_per_epoch = max(1, (report.get("partition_size") or 0)
-                              // max(1, report.get("batch") or 1))
-        results.append({
-            "row": row.label, "name": name, "changes": row.changes,
-            "paper": row.paper.get(base.dataset),
-            "paper_seconds_per_epoch": (row.paper_seconds_per_epoch or {}).get(base.dataset),
-            "val": report["accuracy"]["val"], "sen": report["accuracy"]["sen"],
-            "authors": report["accuracy"].get("authors"),
-            "epsilon": (privacy.get("epsilon") or {}).get("epsilon"),
-            "steps": steps,
-            "seconds_per_epoch": (train_seconds / steps * steps_per_epoch
-                                  if train_seconds and steps else None),
-            "deviations": report["deviations"],
-        })
-    summary = {"table": table, "title": title, "dataset": base.dataset,
-               "options": dataclasses.asdict(base), "rows": results}
+        else:
+            log(f"{row.label}: not run ({name})")
+            continue
+        entries[index] = _row_entry(row, options, base.dataset, report)
+        _write_table(out_dir, summary, render(summary))
     _write_table(out_dir, summary, render(summary))
     log(f"table: {os.path.join(out_dir, 'table.md')}")
     return summary
@@ -172,23 +242,44 @@ def _cell(value, digits: int = 4) -> str:
     return "--" if value is None else f"{value:.{digits}f}"
 
 
+def _authors_cell(authors: dict | None) -> str:
+    """``0.6782 (range 1)``; every range the row has, or ``--``."""
+    if not authors:
+        return "--"
+    return ", ".join(f"{value:.4f} (range {key})" for key, value in
+                     sorted(authors.items(), key=lambda item: int(item[0])))
+
+
 def render(summary: dict) -> str:
-    """The table as Markdown: paper beside ours under each protocol."""
+    """The table as Markdown: paper beside ours under each protocol; rows that have not
+    run yet say so."""
+    finished = sum(r["status"] == "finished" for r in summary["rows"])
     lines = [f"# {summary['title']} -- {summary['dataset']}", "",
              "Ours: `val` (headline, epoch chosen on held-out synthetic data), `sen` (best "
-             "test accuracy over the classifier's epochs, the authors' selection). Every row "
+             "test accuracy over the classifier's epochs, the authors' selection), "
+             "`authors` (their evaluation script's protocol, where run). Every row "
              "shares the scale below; each row's deviations from the paper's Table 1 config "
              "are listed under the table.", "",
-             "| row | paper | val | sen | epsilon | steps | s/epoch (ours) | s/epoch (paper, T4) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{finished} of {len(summary['rows'])} rows finished.", "",
+             "| row | paper | val | sen | authors | epsilon | steps | s/epoch (ours) "
+             "| s/epoch (paper, T4) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
+        paper_time = _cell(r["paper_seconds_per_epoch"], 1)
+        if r["status"] != "finished":
+            lines.append(f"| {r['row']} | {_cell(r['paper'])} | not run | not run | "
+                         f"not run | -- | -- | -- | {paper_time} |")
+            continue
         lines.append(f"| {r['row']} | {_cell(r['paper'])} | {_cell(r['val'])} | "
-                     f"{_cell(r['sen'])} | {_cell(r['epsilon'])} | {r['steps']} | "
-                     f"{_cell(r['seconds_per_epoch'], 1)} | "
-                     f"{_cell(r['paper_seconds_per_epoch'], 1)} |")
+                     f"{_cell(r['sen'])} | {_authors_cell(r['authors'])} | "
+                     f"{_cell(r['epsilon'])} | {r['steps']} | "
+                     f"{_cell(r['seconds_per_epoch'], 1)} | {paper_time} |")
     lines += ["", "Shared options: `" + json.dumps(
         {k: v for k, v in summary["options"].items() if v is not None}) + "`", ""]
     for r in summary["rows"]:
+        if r["status"] != "finished":
+            lines.append(f"* {r['row']} (`{r['name']}`): not run yet")
+            continue
         lines.append(f"* {r['row']} (`{r['name']}`): " + ("; ".join(r["deviations"])
                                                           or "the paper's Table 1 config"))
     return "\n".join(lines) + "\n"

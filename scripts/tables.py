@@ -5,6 +5,8 @@ and one table with the paper's numbers beside ours.
   python scripts/tables.py --table 7 fashion_mnist --checkpoint_every 25   # paper scale
   python scripts/tables.py --table 5 fashion_mnist --teachers 400 --train_epochs 20
   python scripts/tables.py --table 4b fashion_mnist --teachers 400 --dry_run
+  python scripts/tables.py --table 7 fashion_mnist --row fashion_mnist-eps1-no_topk   # one row
+  python scripts/tables.py --table 7 fashion_mnist --render      # the table so far, no training
   python scripts/tables.py --table 6 fashion_mnist --bench results/tables/bench-table6-fmnist-eps1-4000-t200.json
 
 Tables: 7 (ablation: - top-k, - stochastic quantisation, - threshold), 5 (TopAgg vs
@@ -14,7 +16,10 @@ it is read from a scripts/bench.py report that ran one configuration with severa
 --aggregation values (see that script), into results/tables/table6-<dataset>/.  Each row is a reproduction
 (scripts/reproduce.py) in results/tables/<table>-<dataset>[-scale]/<row>/ with its run in
 runs/tables/<row>/; a finished row is read back, an unfinished one resumed, so a table
-may span several sessions.  The classifier and evaluation flags are reproduce.py's.
+may span several sessions; table.md is rewritten after every row, the rows not yet run
+marked so.  A row that another table at the same scale already finished (e.g. Table 7's
+"- threshold" is Table 4(b)'s "beta = 0") is copied from there, not trained again.  The
+classifier and evaluation flags are reproduce.py's.
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--checkpoint_every", type=int, default=10)
     add("--out", help="table directory (default results/tables/<table>-<dataset>[-scale])")
     add("--dry_run", action="store_true", help="print each row's options and exit")
+    add("--row", action="append", dest="rows", metavar="NAME",
+        help="train only this row (its run name, as --dry_run prints it; repeatable); the "
+        "other rows are read back if finished, else left 'not run'")
+    add("--render", action="store_true", help="train nothing: write table.md from the "
+        "finished rows, the others marked 'not run'")
     add("--quiet", action="store_true")
     add_eval_arguments(parser)
     return parser
@@ -69,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                      "from a scripts/bench.py report, e.g. python scripts/bench.py --config "
                      "fmnist-eps1-4000 --teachers 200 --aggregation topk_stochastic_sign "
                      "--aggregation klevel --aggregation fetchsgd --out bench.json")
+    if args.rows and args.render:
+        parser.error("--render trains nothing; --row NAME trains that row: give one of them")
+    if args.table == "6" and (args.rows or args.render):
+        parser.error("--row and --render are for the accuracy tables; Table 6 is read "
+                     "from --bench")
     if args.table == "6":
         out = args.out or os.path.join("results", "tables", f"table6-{args.dataset}")
         try:
@@ -107,11 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         summary = tables.run_table(args.table, base, out_dir=out, log=log,
                                    settings=settings, cache_dir=args.cache_dir,
                                    progress=not args.quiet,
-                                   checkpoint_every=args.checkpoint_every)
+                                   checkpoint_every=args.checkpoint_every,
+                                   only=args.rows, train=not args.render)
     except (reproduce.ReproduceError, ValueError, OSError) as error:
         print(f"tables.py: error: {error}", file=sys.stderr)
         return 2
     for row in summary["rows"]:
+        if row["status"] != "finished":
+            print(f"{row['row']}: not run | paper {row['paper']}")
+            continue
         print(f"{row['row']}: val {row['val']:.4f} | sen {row['sen']:.4f} | paper "
               f"{row['paper']}")
     return 0

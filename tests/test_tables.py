@@ -69,6 +69,51 @@ def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_di
         tables.run_table("7", base, **kwargs)
 
 
+def test_a_table_runs_only_the_rows_asked_for_and_shares_them_with_other_tables(
+        tiny_fmnist_dir, tmp_path, capsys):
+    """``only`` trains the named row and leaves the others "not run" (in table.json and
+    table.md, written as the table stands); another table with the same row copies it
+    instead of training it; ``train=False`` only renders; an unknown row name is refused
+    with the table's row names."""
+    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=4,
+                                      max_records=80, num_samples=60, epochs=1,
+                                      data_dir=str(tiny_fmnist_dir))
+    settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
+                                     quality=False)
+    runs = tmp_path / "runs"
+    kwargs = dict(run_root=str(runs), log=lambda _: None, settings=settings,
+                  reference=False, progress=False)
+    seven, four_b = tmp_path / "tables" / "table7", tmp_path / "tables" / "table4b"
+    names = tables.table_row_names("7", base)
+    with pytest.raises(reproduce.ReproduceError, match=f"no row named 'nope'.*{names[1]}"):
+        tables.run_table("7", base, out_dir=str(seven), only=["nope"], **kwargs)
+    summary = tables.run_table("7", base, out_dir=str(seven), only=[names[3]], **kwargs)
+    assert [r["status"] for r in summary["rows"]] == ["not run"] * 3 + ["finished"]
+    assert sorted(p.name for p in runs.iterdir()) == [names[3]]
+    saved = json.loads((seven / "table.json").read_text())
+    assert [r["status"] for r in saved["rows"]] == ["not run"] * 3 + ["finished"]
+    text = (seven / "table.md").read_text()
+    assert "1 of 4 rows finished" in text
+    assert text.count("| not run | not run | not run |") == 3
+    assert f"{summary['rows'][3]['val']:.4f}" in text
+    # Table 4(b) has the same row (beta = 0): rendering it trains nothing and copies the
+    # finished row, byte for byte; its other rows are not run.
+    shared = tables.run_table("4b", base, out_dir=str(four_b), train=False, **kwargs)
+    assert [r["status"] for r in shared["rows"]] == ["finished"] + ["not run"] * 5
+    assert shared["rows"][0]["name"] == names[3]
+    assert shared["rows"][0]["val"] == summary["rows"][3]["val"]
+    assert ((four_b / names[3] / "report.json").read_bytes()
+            == (seven / names[3] / "report.json").read_bytes())
+    assert sorted(p.name for p in runs.iterdir()) == [names[3]]
+    # The CLI: --render and --row are exclusive; an unknown row is an error, not a run.
+    with pytest.raises(SystemExit):
+        cli.main(["fashion_mnist", "--table", "7", "--render", "--row", names[0]])
+    assert "give one of them" in capsys.readouterr().err
+    assert cli.main(["fashion_mnist", "--table", "7", "--row", "fashion_mnist-eps1-nope",
+                     "--out", str(tmp_path / "unused")]) == 2
+    assert "no row named 'fashion_mnist-eps1-nope'" in capsys.readouterr().err
+
+
 def test_tables_are_at_epsilon_one():
     with pytest.raises(reproduce.ReproduceError, match="epsilon = 1"):
         tables.run_table("7", reproduce.ReproduceOptions(dataset="fashion_mnist", eps=10),
