@@ -144,7 +144,9 @@ def _sibling_row(out_dir: str, name: str) -> str | None:
 
 
 def _adopt_row(source: str, target: str) -> None:
-    """Copies a finished row's published files (report, plots) into this table."""
+    """Copies a finished row's published files (report, plots) into this table. The copy
+    is not refreshed when its source later gains a measure (``--add_authors``): delete
+    the copied folder and render again to take the newer report."""
     for entry in sorted(os.listdir(source)):
         path = os.path.join(source, entry)
         if os.path.isfile(path):
@@ -215,11 +217,10 @@ def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
         options = row_options(base, row)
         row_out = os.path.join(out_dir, name)
         report_path = os.path.join(row_out, "report.json")
-        sibling = None if os.path.exists(report_path) else _sibling_row(out_dir, name)
         if os.path.exists(report_path):
             log(f"{row.label}: reading the finished row {report_path}")
             report = _read_report(report_path, options)
-        elif sibling is not None:
+        elif (sibling := _sibling_row(out_dir, name)) is not None:
             log(f"{row.label}: adopting the finished row {sibling}")
             report = _read_report(os.path.join(sibling, "report.json"), options)
             _adopt_row(sibling, row_out)
