@@ -81,6 +81,12 @@ class ReproduceOptions:
       fake_rendering: a :class:`dclens.config.FakeRendering` value; ``teacher_labels`` is
         the authors' rendering of the teachers' fake batches (a fidelity option; about 2x
         slower per step at the paper config).
+      sigma_scale: the paper's sigma times this factor in (0, 1], with the budget raised
+        to the epsilon the paper config's steps cost at that sigma (:func:`matched_budget`).
+        With ``sigma_scale = teachers / paper teachers`` a reduced-scale run keeps the
+        paper's noise relative to the vote sum (a sum of ``teachers`` votes of size at most
+        1 per coordinate) and its number of steps, at a larger, truthfully accounted
+        epsilon: a noise-matched small model of the paper run, NOT its privacy level.
     """
 
     dataset: str = "fashion_mnist"
@@ -99,6 +105,7 @@ class ReproduceOptions:
     topk: int | None = None
     balanced_partition: bool = False
     fake_rendering: str | None = None
+    sigma_scale: float | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -126,6 +133,15 @@ class ReproduceOptions:
                 r.value for r in cfg.FakeRendering}:
             raise ReproduceError(f"unknown fake_rendering {self.fake_rendering!r}; use one of "
                                  f"{[r.value for r in cfg.FakeRendering]}")
+        if self.sigma_scale is not None:
+            if isinstance(self.sigma_scale, bool) or not (
+                    isinstance(self.sigma_scale, (int, float))
+                    and 0 < self.sigma_scale <= 1):
+                raise ReproduceError(f"sigma_scale must be in (0, 1] (a fraction of the "
+                                     f"paper's sigma), got {self.sigma_scale!r}")
+            if self.non_private:
+                raise ReproduceError("sigma_scale scales the noise of a private run; a "
+                                     "non_private run has none: give one of them")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
                      "topk"):
             value = getattr(self, name)
@@ -144,7 +160,8 @@ class ReproduceOptions:
         (samples), ``-r6000`` (records), ``-nonprivate`` (the eps=inf row), and what an
         analysis row changes: ``-no_topk`` (aggregation), ``-b0`` (beta), ``-k100`` (top-k);
         and the fidelity options: ``-balanced`` (the authors' partition),
-        ``-teacher_labels`` (the authors' fake-batch rendering)."""
+        ``-teacher_labels`` (the authors' fake-batch rendering); ``-sigma0.05`` (the
+        noise-matched reduced scale, :attr:`sigma_scale`)."""
         name = f"{self.dataset}-eps{self.eps}"
         paper = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
         teachers = self.resolved_teachers(paper)
@@ -163,6 +180,8 @@ class ReproduceOptions:
             name += f"-k{self.topk}"
         for tag in self.fidelity_tags():
             name += f"-{tag}"
+        if self.sigma_scale is not None and self.sigma_scale != 1:
+            name += f"-sigma{self.sigma_scale:g}"
         if self.non_private:
             name += "-nonprivate"
         return name
@@ -198,10 +217,17 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
         # Keep the paper's queries per step (its batch: 30 cut to the partition size), so the
         # privacy cost per step and the number of steps to the budget stay the paper's.
         train["batch_size"] = paper_batch
-        noise = ("" if options.non_private else
-                 f"; sigma, k and beta are the paper's, so the noise is "
-                 f"{paper_teachers / teachers:g}x larger relative to the vote sum (at most "
-                 f"{teachers})")
+        relative_noise = paper_teachers / teachers * (options.sigma_scale or 1.0)
+        if options.non_private:
+            noise = ""
+        elif options.sigma_scale is None:
+            noise = (f"; sigma, k and beta are the paper's, so the noise is "
+                     f"{relative_noise:g}x larger relative to the vote sum (at most "
+                     f"{teachers})")
+        else:
+            noise = (f"; k and beta are the paper's, sigma is scaled (below), so the noise "
+                     f"relative to the vote sum (at most {teachers}) is {relative_noise:g}x "
+                     f"the paper's")
         deviations.append(
             f"{teachers} teachers instead of the paper's {paper_teachers} "
             f"(partitions of {records // teachers} records instead of "
@@ -239,7 +265,19 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
         train["balanced_partition"] = True
     if options.fake_rendering is not None:
         train["fake_rendering"] = cfg.FakeRendering(options.fake_rendering)
-    config = paper.replace(train=train, topagg=topagg)
+    budget: dict = {}
+    if options.sigma_scale is not None and options.sigma_scale != 1:
+        topagg["sigma"] = paper.topagg.sigma * options.sigma_scale
+        budget["max_eps"] = matched_budget(options.dataset, options.eps, topagg["sigma"])
+        steps = paper_steps(options.dataset, options.eps)
+        deviations.append(
+            f"NOT epsilon = {options.eps}: sigma = {topagg['sigma']:g} ({options.sigma_scale:g} "
+            f"x the paper's {paper.topagg.sigma:g}; at {teachers} teachers the noise relative "
+            f"to the vote sum is the paper's at {teachers / options.sigma_scale:g}), and the "
+            f"budget is raised to epsilon {budget['max_eps']:.4g}, between what the paper "
+            f"config's {steps} and {steps + 1} steps cost at that sigma, so TopAgg runs the "
+            f"paper's {steps} steps (a noise-matched reduced scale)")
+    config = paper.replace(train=train, topagg=topagg, budget=budget)
     if options.non_private:
         batch = min(config.train.batch_size, records // config.train.num_teachers)
         steps = accounting.max_steps_within(
@@ -259,6 +297,46 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
                           f"epochs covering the {steps} steps the private config allows; the "
                           f"paper's eps = inf column is a non-private DC-GAN, not this run")
     return config, deviations
+
+
+def paper_steps(dataset: str, eps: int) -> int:
+    """The steps the paper config of the Table 1 row (``dataset``, ``eps``) runs before
+    its budget: TopAgg with the paper's sigma and k, B = its batch (30 cut to the
+    15-record partitions) queries per step."""
+    paper = cfg.paper_preset(dataset, eps)
+    return accounting.max_steps_within(
+        sigma=paper.topagg.sigma, topk=paper.topagg.topk,
+        queries_per_step=min(paper.train.batch_size,
+                             TRAIN_RECORDS[dataset] // paper.train.num_teachers)
+        * paper.train.g_step,
+        max_eps=paper.budget.max_eps, delta=paper.budget.delta,
+        conversion=paper.budget.conversion,
+        orders=accounting.classic_orders(paper.budget.max_order)
+        if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
+
+
+def matched_budget(dataset: str, eps: int, sigma: float) -> float:
+    """The epsilon budget under which TopAgg with ``sigma`` (the paper's k and queries per
+    step) runs exactly the paper row's :func:`paper_steps`: the midpoint between the
+    epsilon after that many steps and after one more, so floating-point differences in
+    composing the ledger step by step cannot move the stop by a step.
+
+    RDP is linear in steps / noise_multiplier^2, so at a common budget every mechanism of
+    an analysis table (its own sensitivity, its own noise multiplier) runs the steps it
+    would run at the paper's sigma and epsilon, up to rounding: the rows stay comparable
+    as at the paper scale.
+    """
+    paper = cfg.paper_preset(dataset, eps)
+    steps = paper_steps(dataset, eps)
+    orders = (accounting.classic_orders(paper.budget.max_order)
+              if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
+    queries = min(paper.train.batch_size,
+                  TRAIN_RECORDS[dataset] // paper.train.num_teachers) * paper.train.g_step
+    at, after = (accounting.epsilon_for(
+        sigma=sigma, topk=paper.topagg.topk, queries_per_step=queries, steps=n,
+        delta=paper.budget.delta, conversion=paper.budget.conversion,
+        orders=orders).epsilon for n in (steps, steps + 1))
+    return (at + after) / 2
 
 
 def teacher_state_bytes(dataset: str, teachers: int) -> int | None:
@@ -284,19 +362,12 @@ def scale_facts(config: cfg.DataLensConfig, options: ReproduceOptions, steps: in
     paper = cfg.paper_preset(options.dataset, options.eps)
     teachers = config.train.num_teachers
     per_step = (train_seconds / steps) if (train_seconds and steps) else None
-    paper_steps = accounting.max_steps_within(
-        sigma=paper.topagg.sigma, topk=paper.topagg.topk,
-        queries_per_step=min(paper.train.batch_size,
-                             TRAIN_RECORDS[options.dataset] // paper.train.num_teachers),
-        max_eps=paper.budget.max_eps, delta=paper.budget.delta,
-        conversion=paper.budget.conversion,
-        orders=accounting.classic_orders(paper.budget.max_order)
-        if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
+    paper_step_count = paper_steps(options.dataset, options.eps)
     return {
         "teachers": teachers, "paper_teachers": paper.train.num_teachers,
-        "seconds_per_step": per_step, "paper_steps": paper_steps,
+        "seconds_per_step": per_step, "paper_steps": paper_step_count,
         "paper_seconds_extrapolated": (per_step * paper.train.num_teachers / teachers
-                                       * paper_steps) if per_step else None,
+                                       * paper_step_count) if per_step else None,
         "paper_teacher_state_bytes": teacher_state_bytes(options.dataset,
                                                          paper.train.num_teachers),
         "cpu_count": os.cpu_count(),

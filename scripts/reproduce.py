@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "topk_stochastic_sign (no_topk, topk_sign, no_threshold, klevel, fetchsgd)")
     add("--thresh", type=float, help="an analysis row: beta instead of the paper's")
     add("--topk", type=int, help="an analysis row: top-k instead of the paper's")
+    add("--sigma_scale", type=float, help="the paper's sigma times this factor in (0, 1], "
+        "the budget raised to what the paper's steps then cost: with --teachers N and "
+        "N / 4000 here, the paper's noise relative to the vote sum at a reduced scale (NOT "
+        "the row's epsilon; the report says which)")
     add("--balanced_partition", action="store_true", help="a fidelity option: the authors' "
         "class-balanced partition (their --shuffle) instead of the index partition; the "
         "run's epsilon is then NOT a proven guarantee (one replaced record can move many "
@@ -117,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
             data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
             aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
-            balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering)
+            balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
+            sigma_scale=args.sigma_scale)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -5,6 +5,7 @@ and one table with the paper's numbers beside ours.
   python scripts/tables.py --table 7 fashion_mnist --checkpoint_every 25   # paper scale
   python scripts/tables.py --table 5 fashion_mnist --teachers 400 --train_epochs 20
   python scripts/tables.py --table 4b fashion_mnist --teachers 400 --dry_run
+  python scripts/tables.py --table 7 fashion_mnist --teachers 200 --max_records 3000 --matched_noise
   python scripts/tables.py --table 7 fashion_mnist --row fashion_mnist-eps1-no_topk   # one row
   python scripts/tables.py --table 7 fashion_mnist --render      # the table so far, no training
   python scripts/tables.py --table 6 fashion_mnist --bench results/tables/bench-table6-fmnist-eps1-4000-t200.json
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--scale", type=float, help="fraction of the paper's teachers")
     scale.add_argument("--teachers", type=int, help="teachers of every row (Table 4t's rows "
                        "set their own)")
+    add("--matched_noise", action="store_true", help="with --scale / --teachers below "
+        "the paper's: sigma scaled with the teachers (sigma x N / 4000) and one budget, "
+        "the epsilon the paper's steps then cost: the paper's noise relative to the vote "
+        "sum, so the rows can differ (NOT epsilon = 1; the table says so)")
     add("--train_epochs", type=int, help="cap every row's training at N epochs")
     add("--num_samples", type=int, help="synthetic samples per row (paper: 100000)")
     add("--max_records", type=int, help="train on the first N records only")
@@ -103,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             epochs=args.train_epochs, num_samples=args.num_samples,
             max_records=args.max_records, data_dir=args.data_dir,
             teacher_chunk=args.teacher_chunk)
+        if args.matched_noise:
+            base = tables.matched_noise(base)
     except reproduce.ReproduceError as error:
         parser.error(str(error))
     scale_tag = base.default_name()[len(f"{args.dataset}-eps1"):]

@@ -303,3 +303,53 @@ def test_fidelity_options_are_the_authors_choices_named_but_not_deviations():
         ["fashion_mnist", "--eps", "1", "--balanced_partition", "--fake_rendering",
          "teacher_labels"])
     assert (args.balanced_partition, args.fake_rendering) == (True, "teacher_labels")
+
+
+def _steps_within_budget(sigma: float, sensitivity: float, queries: int,
+                         config: cfg.DataLensConfig) -> int:
+    """Steps a run takes before its budget, spending step by step as training does."""
+    ledger = accounting.PrivacyLedger(
+        delta=config.budget.delta, conversion=config.budget.conversion,
+        orders=accounting.classic_orders(config.budget.max_order))
+    event = accounting.gaussian_queries_event(noise_multiplier=sigma / sensitivity,
+                                              queries=queries)
+    steps = 0
+    while ledger.epsilon_after_event(event).epsilon <= config.budget.max_eps:
+        ledger.spend(event)
+        steps += 1
+    return steps
+
+
+def test_sigma_scale_keeps_the_paper_steps_at_a_truthfully_raised_budget():
+    paper = cfg.paper_preset("fashion_mnist", 1)
+    paper_steps = accounting.max_steps_within(sigma=5000.0, topk=200, queries_per_step=15,
+                                              max_eps=1.0, delta=1e-5, conversion="classic")
+    assert reproduce.paper_steps("fashion_mnist", 1) == paper_steps
+    options = reproduce.ReproduceOptions("fashion_mnist", 1, teachers=200,
+                                         max_records=3000, sigma_scale=0.05)
+    assert options.default_name() == "fashion_mnist-eps1-t200-r3000-sigma0.05"
+    config, deviations = reproduce.build_config(options)
+    assert config.topagg.sigma == pytest.approx(250.0)
+    assert config.budget.max_eps == reproduce.matched_budget("fashion_mnist", 1, 250.0)
+    assert config.budget.max_eps > 10                 # far from the paper's epsilon = 1 ...
+    assert any(d.startswith("NOT epsilon = 1") for d in deviations)   # ... and says so
+    assert any("relative to the vote sum (at most 200) is 1x the paper's" in d
+               for d in deviations)
+    # Spent step by step as training spends, TopAgg stops after exactly the paper's steps.
+    topagg = 2 * 200 ** 0.5
+    assert _steps_within_budget(250.0, topagg, 15, config) == paper_steps
+    # Another mechanism (all D = 784 coordinates vote) runs the steps its own sensitivity
+    # allows at the paper scale, up to the rounding of one step.
+    dense = 2 * 784 ** 0.5
+    at_paper = _steps_within_budget(5000.0, dense, 15, paper)
+    assert abs(_steps_within_budget(250.0, dense, 15, config) - at_paper) <= 1
+    assert at_paper < paper_steps / 2
+    # Without it the reduced scale keeps the paper's sigma and budget.
+    plain = reproduce.build_config(reproduce.ReproduceOptions("fashion_mnist", 1,
+                                                              teachers=200))[0]
+    assert (plain.topagg.sigma, plain.budget.max_eps) == (5000.0, 1.0)
+    for bad in (0, 1.5, True, "0.1"):
+        with pytest.raises(reproduce.ReproduceError, match="sigma_scale must be in"):
+            reproduce.ReproduceOptions("fashion_mnist", 1, sigma_scale=bad)
+    with pytest.raises(reproduce.ReproduceError, match="non_private run has none"):
+        reproduce.ReproduceOptions("fashion_mnist", 1, sigma_scale=0.5, non_private=True)

@@ -1,5 +1,6 @@
 """The paper's analysis tables (dclens/tables.py, scripts/tables.py) on a tiny scale."""
 
+import dataclasses
 import json
 
 import pytest
@@ -19,11 +20,44 @@ def test_dry_run_lists_every_row_with_its_change(capsys):
     assert "results/tables/table7-fashion_mnist-t400" in out
 
 
-def test_table_4t_rows_set_their_own_teachers():
-    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, scale=0.1)
-    names = [tables.row_options(base, row).default_name() for row in tables.TABLES["4t"][1]]
-    assert names == ["fashion_mnist-eps1-t2000", "fashion_mnist-eps1-t3000",
-                     "fashion_mnist-eps1"]
+def test_table_4t_rows_set_their_teachers_in_proportion_to_the_shared_scale():
+    def names(**shared):
+        base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, **shared)
+        return [tables.row_options(base, row).default_name()
+                for row in tables.TABLES["4t"][1]]
+
+    assert names() == ["fashion_mnist-eps1-t2000", "fashion_mnist-eps1-t3000",
+                       "fashion_mnist-eps1"]
+    assert names(scale=0.1) == ["fashion_mnist-eps1-t200", "fashion_mnist-eps1-t300",
+                                "fashion_mnist-eps1-t400"]
+    assert names(teachers=200, sigma_scale=0.05) == [
+        "fashion_mnist-eps1-t100-sigma0.05", "fashion_mnist-eps1-t150-sigma0.05",
+        "fashion_mnist-eps1-t200-sigma0.05"]
+
+
+def test_matched_noise_scales_sigma_with_the_teachers_and_the_table_says_so(capsys):
+    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=200)
+    matched = tables.matched_noise(base)
+    assert matched.sigma_scale == 200 / 4000
+    with pytest.raises(reproduce.ReproduceError, match="give --teachers N < 4000"):
+        tables.matched_noise(reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1))
+    summary = {"title": "t", "dataset": "fashion_mnist",
+               "options": dataclasses.asdict(matched),
+               "rows": [tables._row_entry(row, tables.row_options(matched, row),
+                                          "fashion_mnist", None)
+                        for row in tables.TABLES["7"][1]]}
+    budget = reproduce.matched_budget("fashion_mnist", 1, 250.0)
+    markdown = tables.render(summary)
+    assert "NOT epsilon = 1" in markdown and f"epsilon {budget:.4g}" in markdown
+    assert "NOT epsilon" not in tables.render(dict(summary,
+                                                   options=dataclasses.asdict(base)))
+    assert cli.main(["fashion_mnist", "--table", "7", "--teachers", "200", "--matched_noise",
+                     "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "fashion_mnist-eps1-t200-no_topk-sigma0.05" in out
+    with pytest.raises(SystemExit):
+        cli.main(["fashion_mnist", "--table", "7", "--matched_noise", "--dry_run"])
+    assert "give --teachers N < 4000" in capsys.readouterr().err
 
 
 def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_dir, tmp_path):
