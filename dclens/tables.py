@@ -22,6 +22,7 @@ import json
 import os
 from typing import Callable, Collection
 
+from dclens import config as cfg
 from dclens import export, reporting, reproduce
 
 
@@ -99,8 +100,6 @@ def row_options(base: reproduce.ReproduceOptions, row: Row) -> reproduce.Reprodu
 
 
 def _paper_teachers(options: reproduce.ReproduceOptions) -> int:
-    from dclens import config as cfg  # pylint: disable=import-outside-toplevel
-
     return cfg.paper_preset(options.dataset, options.eps).train.num_teachers
 
 
