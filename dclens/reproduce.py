@@ -299,20 +299,25 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
     return config, deviations
 
 
+def _paper_accounting(dataset: str, eps: int) -> tuple[cfg.DataLensConfig, int, tuple | None]:
+    """The paper config of the Table 1 row, its TopAgg queries per step (B: 30 cut to the
+    15-record partitions, times g_step) and the RDP orders its budget is checked at."""
+    paper = cfg.paper_preset(dataset, eps)
+    queries = min(paper.train.batch_size,
+                  TRAIN_RECORDS[dataset] // paper.train.num_teachers) * paper.train.g_step
+    orders = (accounting.classic_orders(paper.budget.max_order)
+              if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
+    return paper, queries, orders
+
+
 def paper_steps(dataset: str, eps: int) -> int:
     """The steps the paper config of the Table 1 row (``dataset``, ``eps``) runs before
-    its budget: TopAgg with the paper's sigma and k, B = its batch (30 cut to the
-    15-record partitions) queries per step."""
-    paper = cfg.paper_preset(dataset, eps)
+    its budget: TopAgg with the paper's sigma and k, B queries per step."""
+    paper, queries, orders = _paper_accounting(dataset, eps)
     return accounting.max_steps_within(
-        sigma=paper.topagg.sigma, topk=paper.topagg.topk,
-        queries_per_step=min(paper.train.batch_size,
-                             TRAIN_RECORDS[dataset] // paper.train.num_teachers)
-        * paper.train.g_step,
+        sigma=paper.topagg.sigma, topk=paper.topagg.topk, queries_per_step=queries,
         max_eps=paper.budget.max_eps, delta=paper.budget.delta,
-        conversion=paper.budget.conversion,
-        orders=accounting.classic_orders(paper.budget.max_order)
-        if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
+        conversion=paper.budget.conversion, orders=orders)
 
 
 def matched_budget(dataset: str, eps: int, sigma: float) -> float:
@@ -326,12 +331,8 @@ def matched_budget(dataset: str, eps: int, sigma: float) -> float:
     would run at the paper's sigma and epsilon, up to rounding: the rows stay comparable
     as at the paper scale.
     """
-    paper = cfg.paper_preset(dataset, eps)
+    paper, queries, orders = _paper_accounting(dataset, eps)
     steps = paper_steps(dataset, eps)
-    orders = (accounting.classic_orders(paper.budget.max_order)
-              if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
-    queries = min(paper.train.batch_size,
-                  TRAIN_RECORDS[dataset] // paper.train.num_teachers) * paper.train.g_step
     at, after = (accounting.epsilon_for(
         sigma=sigma, topk=paper.topagg.topk, queries_per_step=queries, steps=n,
         delta=paper.budget.delta, conversion=paper.budget.conversion,

@@ -325,13 +325,13 @@ def _matched_noise_note(options: dict) -> list[str]:
     scale = options.get("sigma_scale")
     if not scale or scale == 1:
         return []
-    base = reproduce.ReproduceOptions(**options)
-    paper = reproduce.build_config(dataclasses.replace(base, sigma_scale=None))[0]
-    budget = reproduce.matched_budget(base.dataset, base.eps, paper.topagg.sigma * scale)
-    return [f"**A noise-matched reduced scale, NOT epsilon = {base.eps}.** Every row runs "
-            f"sigma = {paper.topagg.sigma * scale:g} ({scale:g} x the paper's "
-            f"{paper.topagg.sigma:g}) under one budget, epsilon {budget:.4g} (what the "
-            f"paper config's {reproduce.paper_steps(base.dataset, base.eps)} TopAgg steps "
+    dataset, eps = options["dataset"], options["eps"]
+    sigma = cfg.paper_preset(dataset, eps).topagg.sigma
+    budget = reproduce.matched_budget(dataset, eps, sigma * scale)
+    return [f"**A noise-matched reduced scale, NOT epsilon = {eps}.** Every row runs "
+            f"sigma = {sigma * scale:g} ({scale:g} x the paper's "
+            f"{sigma:g}) under one budget, epsilon {budget:.4g} (what the "
+            f"paper config's {reproduce.paper_steps(dataset, eps)} TopAgg steps "
             f"cost at that sigma): with {scale:g} x the paper's teachers the noise relative "
             "to the vote sum is the paper's, and each mechanism runs the steps its own "
             "sensitivity allows, as at the paper scale. With the paper's sigma a reduced "

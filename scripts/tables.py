@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--scale", type=float, help="fraction of the paper's teachers")
     scale.add_argument("--teachers", type=int, help="teachers of every row (Table 4t's rows "
-                       "set their own)")
+                       "keep the paper's ratios to it)")
     add("--matched_noise", action="store_true", help="with --scale / --teachers below "
         "the paper's: sigma scaled with the teachers (sigma x N / 4000) and one budget, "
         "the epsilon the paper's steps then cost: the paper's noise relative to the vote "
