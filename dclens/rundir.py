@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from dclens.config import DataLensConfig
 
@@ -270,19 +270,34 @@ def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> R
     return Restored(start, curves, finished, lost)
 
 
-def differences_except(changeable: frozenset[str]):
+def differences_except(changeable: frozenset[str],
+                       implied: Mapping[str, Any] | None = None):
     """A ``differences_of`` for :func:`plan_run` over flat ``to_dict()`` configs that lets
     the settings in ``changeable`` differ on resume.
 
     A setting the saved config lacks was added after the run was made; its default is
     what dclens did before it existed (the rule for new settings), so it counts as equal
-    when the new config leaves it at that default.
+    when the new config leaves it at that default.  ``implied`` names the exceptions: a
+    setting added with a default that is *not* what dclens did before (a safer
+    behaviour made the default), mapped to the value older runs had; a saved config that
+    lacks it has that value, and a resume at any other is refused by name.
     """
+    implied = dict(implied or {})
+
     def differences(saved: dict[str, Any], config) -> list[tuple[str, Any, Any]]:
         defaults = _defaults_of(config)
-        return [d for d in config_differences(saved, config.to_dict())
-                if d[0] not in changeable
-                and not (d[0] not in saved and d[0] in defaults and defaults[d[0]] == d[2])]
+        out = []
+        for name, old, new in config_differences(saved, config.to_dict()):
+            if name in changeable:
+                continue
+            if name not in saved and name in implied:
+                if implied[name] != new:
+                    out.append((name, implied[name], new))
+                continue
+            if name not in saved and name in defaults and defaults[name] == new:
+                continue
+            out.append((name, old, new))
+        return out
     return differences
 
 
@@ -323,12 +338,14 @@ def write_seed(paths: RunPaths, root_seed: int, *, seeded: bool) -> None:
 
 
 def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[str],
-             log: Callable[[str], None]) -> OpenedRun:
+             log: Callable[[str], None],
+             implied: Mapping[str, Any] | None = None) -> OpenedRun:
     """:func:`plan_run` for a flat ``to_dict()`` config (settings in ``changeable`` may
-    differ on resume), the old run set aside under ``restart``, and the root seed
-    (:func:`root_seed` from ``config.seed``).  Used by the trainers beside DataLens'."""
+    differ on resume; ``implied``: :func:`differences_except`), the old run set aside
+    under ``restart``, and the root seed (:func:`root_seed` from ``config.seed``).  Used
+    by the trainers beside DataLens'."""
     plan = plan_run(config, output_dir, restart=restart,
-                    differences_of=differences_except(changeable))
+                    differences_of=differences_except(changeable, implied))
     if plan.set_aside:
         log(f"set the old run aside: {set_aside(output_dir)}")
     return OpenedRun(plan.paths, plan.mode is Mode.RESUME, root_seed(plan, config.seed))

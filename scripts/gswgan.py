@@ -3,7 +3,8 @@
 
   python scripts/gswgan.py --run_dir runs/gswgan/eps10                  # paper config, eps 10
   python scripts/gswgan.py --run_dir runs/gswgan/eps1 --target_eps 1
-  python scripts/gswgan.py --run_dir runs/gswgan/paper --sigma 1.07 --accounting per_sample_paper
+  python scripts/gswgan.py --run_dir runs/gswgan/paper --sigma 1.07 \\
+      --accounting per_sample_paper --critic_updates keep       # the released code, NOT proven
   python scripts/gswgan.py --run_dir runs/gswgan/small --num_discriminators 100 \\
       --model_dim 16 --warm_iterations 20 --iterations 2000 --target_eps 10
 
@@ -16,7 +17,9 @@ sanitized image gradients are released (clip C, noise 2 C sigma each); epsilon i
 replacing one training example, at --delta.  --accounting iteration (default) is the
 provable one (the B releases share the sampled discriminator); per_sample_paper is the
 released code's composition, NOT proven, for comparison with the paper only -- every
-output names which produced its epsilon.  --target_eps calibrates sigma to the budget
+output names which produced its epsilon.  The proof also needs --critic_updates discard
+(default): a discriminator's DP-phase critic steps are dropped after its iteration; keep
+(the released code's) makes every epsilon of the run NOT proven.  --target_eps calibrates sigma to the budget
 over --iterations; --sigma takes it as given.  The warm-start (--warm_iterations per
 discriminator, the paper's 2000) is non-private by design: each discriminator sees only
 its own shard.  A run directory is resumed when the command is repeated.
@@ -45,12 +48,15 @@ _HELP = {
     "num_samples": "images released at the end (paper 60000)",
     "seed": "fix every draw, DP noise included (NOT for publication)",
     "max_records": "use the first N training records only",
+    "critic_updates": "discard: each DP iteration trains a copy of the drawn discriminator "
+                      "and drops it (provable); keep: the released code's, D keeps its "
+                      "updates (NOT proven under any accounting)",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dclens.accounting import Conversion
-    from dclens.gswgan.accounting import Accounting
+    from dclens.gswgan.accounting import Accounting, CriticUpdates
     from dclens.gswgan.config import GswganConfig
 
     parser = argparse.ArgumentParser(
@@ -68,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"epsilon to calibrate sigma to [default: {defaults.target_eps}]")
     budget.add_argument("--sigma", type=float, help="the noise multiplier, as given")
     choices = {"accounting": [a.value for a in Accounting],
+               "critic_updates": [c.value for c in CriticUpdates],
                "conversion": [c.value for c in Conversion],
                "dataset": ["fashion_mnist", "mnist"]}
     for field in dataclasses.fields(GswganConfig):
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     privacy = report["privacy"]
     proven = "" if privacy["accounting_proven"] else " (NOT proven)"
     print(f"gswgan: epsilon {privacy['epsilon']['epsilon']:.4f} at delta {privacy['delta']:g}, "
-          f"{privacy['accounting']} accounting{proven} | samples {report['samples']} | "
+          f"{privacy['accounting']} accounting, critic updates "
+          f"{privacy['critic_updates']}{proven} | samples {report['samples']} | "
           f"evaluate: python scripts/evaluate.py {report['samples']}")
     return 0
 

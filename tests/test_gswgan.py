@@ -69,6 +69,21 @@ def test_sanitize_noise_has_std_two_c_sigma():
         steps.sanitize(tf.zeros((2, 3)), clip=math.inf, sigma=1.0, noise=tf.zeros((2, 3)))
 
 
+def test_sanitize_zeroes_rows_that_are_not_finite():
+    """A NaN or infinite gradient row has no finite norm, so scaling cannot bound it: it
+    is released as zeros (plus noise), and every other row as usual."""
+    gradients = np.ones((4, 28, 28, 1), np.float32)
+    gradients[1, 3, 4, 0] = np.nan
+    gradients[2, 0, 0, 0] = np.inf
+    out = steps.sanitize(tf.constant(gradients), clip=0.5, sigma=0.0, noise=None).numpy()
+    assert np.all(out[1] == 0) and np.all(out[2] == 0)
+    np.testing.assert_allclose(out[0], gradients[0] * 0.5 / 28.0, rtol=1e-5)
+    noise = tf.random.stateless_normal((4, 28, 28, 1), seed=[3, 4])
+    noisy = steps.sanitize(tf.constant(gradients), clip=0.5, sigma=2.0, noise=noise).numpy()
+    np.testing.assert_allclose(noisy[1], 2 * 0.5 * 2.0 * noise.numpy()[1], rtol=1e-6)
+    assert np.all(np.isfinite(noisy))
+
+
 def test_release_changes_by_at_most_two_c_when_the_discriminator_is_replaced():
     """The mechanism's sensitivity by construction: the same fakes, sigma = 0, and an
     adversarial other discriminator (other weights, scaled up 50x so its gradients are
@@ -79,8 +94,10 @@ def test_release_changes_by_at_most_two_c_when_the_discriminator_is_replaced():
     z = steps.bernoulli_latent(tf.constant([1, 1], tf.int64), 12, 10)
     y = tf.range(12, dtype=tf.int64) % 10
     clip = 0.25
+    weights = generator.get_weights()
     _, release = steps.private_generator_gradients(generator, discriminator, z, y,
                                                    clip=clip, sigma=0.0, noise=None)
+    generator.set_weights(weights)               # the same fakes: its u moved in the call
     _, other = steps.private_generator_gradients(generator, adversary, z, y, clip=clip,
                                                  sigma=0.0, noise=None)
     change = np.sqrt(np.sum((release.numpy() - other.numpy()).reshape(12, -1) ** 2, axis=1))
@@ -100,6 +117,49 @@ def test_sigma_zero_and_no_clip_give_the_plain_autodiff_update():
     plain = steps.plain_generator_gradients(generator, discriminator, z, y)
     for a, b in zip(private, plain):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_the_generator_sees_the_discriminator_only_through_the_release(monkeypatch):
+    """With the sanitizer replaced by a fixed release R, the generator's gradient is
+    J_G^T R / B -- the gradient of sum_j <G(z_j), R_j> / B, computed here directly -- and
+    the same for two different discriminators; and row j of the per-image gradient is
+    that of image j alone (a batch of one)."""
+    generator, discriminator = _pair()
+    _, adversary = _pair(seed=9)
+    z = steps.bernoulli_latent(tf.constant([5, 6], tf.int64), 6, 10)
+    y = tf.constant([0, 1, 2, 7, 8, 9], tf.int64)
+    fixed = tf.random.stateless_normal((6, 28, 28, 1), seed=[7, 8])
+    weights = generator.get_weights()
+    monkeypatch.setattr(steps, "sanitize", lambda per_sample, **_: fixed)
+    results = []
+    for critic in (discriminator, adversary):
+        generator.set_weights(weights)
+        gradients, released = steps.private_generator_gradients(
+            generator, critic, z, y, clip=1.0, sigma=1.0, noise=None)
+        assert released is fixed
+        results.append(gradients)
+    generator.set_weights(weights)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(generator(z, y, training=True) * fixed) / 6.0
+    reference = tape.gradient(loss, generator.trainable_variables)
+    for ours, theirs, direct in zip(*results, reference):
+        np.testing.assert_allclose(ours.numpy(), direct.numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(theirs.numpy(), direct.numpy(), rtol=1e-4, atol=1e-6)
+    monkeypatch.undo()
+    generator.set_weights(weights)
+    fakes = generator(z, y, training=False)
+    state = discriminator.get_weights()
+
+    def per_image(images, labels):
+        discriminator.set_weights(state)         # the power iteration moves u per call
+        with tf.GradientTape() as image_tape:
+            image_tape.watch(images)
+            total = -tf.reduce_sum(discriminator(images, labels, training=True))
+        return image_tape.gradient(total, images).numpy()
+    batch = per_image(fakes, y)
+    for j in range(6):
+        np.testing.assert_allclose(batch[j], per_image(fakes[j:j + 1], y[j:j + 1])[0],
+                                   rtol=1e-4, atol=1e-7)
 
 
 # ------------------------------------------------------------------ networks
@@ -253,12 +313,55 @@ def test_a_killed_run_resumes_without_under_counting(tiny_fmnist_dir, tmp_path):
         gs_accounting.epsilon(iterations=8, **common), rel=1e-12)
     assert privacy["epsilon"]["epsilon"] > gs_accounting.epsilon(iterations=6, **common)
     assert privacy["accounting"] == "iteration" and privacy["accounting_proven"] is True
+    assert privacy["critic_updates"] == "discard"
     assert privacy["for_comparison"]["accounting"] == "per_sample_paper"
     assert privacy["for_comparison"]["proven"] is False
     with np.load(tmp_path / "run" / "samples.npz") as saved:
         assert saved["x"].shape == (20, 28, 28, 1) and saved["y"].shape == (20,)
     with open(tmp_path / "run" / "report.json") as stream:
         assert json.load(stream)["method"] == "gswgan"
+
+
+@pytest.mark.parametrize("critic_updates", ["discard", "keep"])
+def test_discarded_critic_updates_leave_the_bank_as_the_warm_start_left_it(
+        tiny_fmnist_dir, tmp_path, critic_updates):
+    """The proof's condition: with discard (default) the DP phase never writes the bank,
+    so each iteration's discriminator is its warm-start state, a function of its shard
+    alone; keep (the released code) writes it back and makes the run unproven under
+    either accounting.  The bank is snapshotted when the warm-start's last chunk is done."""
+    config = _tiny_config(tiny_fmnist_dir, critic_updates=critic_updates)
+    snapshots = []
+
+    def snapshot(point, value):
+        if point == "after_warm_chunk" and value == config.num_discriminators:
+            snapshots.append(np.load(tmp_path / "run" / "discriminators.npy").copy())
+    report = train.train_gswgan(config, str(tmp_path / "run"), progress=False,
+                                log=lambda line: None, hook=snapshot)
+    after = np.load(tmp_path / "run" / "discriminators.npy")
+    assert len(snapshots) == 1
+    privacy = report["privacy"]
+    assert privacy["critic_updates"] == critic_updates
+    if critic_updates == "discard":
+        assert np.array_equal(after, snapshots[0])
+        assert privacy["accounting_proven"] is True
+    else:
+        assert not np.array_equal(after, snapshots[0])      # the DP phase trained D_k
+        assert privacy["accounting_proven"] is False
+        assert privacy["for_comparison"]["proven"] is False
+
+
+def test_a_run_from_before_critic_updates_existed_resumes_only_as_keep():
+    """Runs made before the setting kept the critic updates: a saved config without it
+    means keep, so resuming it under the new default (discard) is refused by name."""
+    from dclens import rundir
+    from dclens.gswgan.config import CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS
+
+    differences = rundir.differences_except(CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS)
+    saved = GswganConfig().to_dict()
+    del saved["critic_updates"]
+    assert differences(saved, GswganConfig()) == [("critic_updates", "keep", "discard")]
+    assert differences(saved, GswganConfig(critic_updates="keep")) == []
+    assert differences(GswganConfig().to_dict(), GswganConfig()) == []
 
 
 def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_dir,
@@ -270,7 +373,8 @@ def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_d
                      "--num_samples", "20", "--seed", "1", "--target_eps", "50",
                      "--accounting", "per_sample_paper", "--quiet"])
     out = capsys.readouterr().out
-    assert code == 0 and "per_sample_paper accounting (NOT proven)" in out
+    assert code == 0 and "per_sample_paper accounting, critic updates discard (NOT proven)" \
+        in out
     with open(tmp_path / "run" / "report.json") as stream:
         privacy = json.load(stream)["privacy"]
     assert privacy["epsilon"]["epsilon"] <= 50.0 and privacy["accounting_proven"] is False

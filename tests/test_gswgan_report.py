@@ -53,8 +53,29 @@ def test_each_row_says_what_its_epsilon_is_worth(tmp_path):
     table = report.render(report.collect(str(results)))
     rows = [line for line in table.splitlines() if line.startswith("| [")]
     assert [row.split(" | ")[1] for row in rows] == list(runs)      # proven first
-    assert "| 5715 (1e-05, iteration) |" in rows[3]
+    assert "| 5715 (1e-05, iteration) | discard |" in rows[3]
     assert "1.9 (per_sample_paper, NOT proven)" in rows[0]
+
+
+def test_a_run_that_keeps_the_critic_updates_is_not_proven_whatever_it_wrote(tmp_path):
+    """The released code's critic updates make the iteration accounting unproven; a run
+    from before the setting existed (no ``critic_updates`` in its config) kept them, and
+    its own ``accounting_proven: true`` must not make its row "proven"."""
+    kept = _write_run(tmp_path / "kept", num_discriminators=200, critic_updates="keep")
+    older = _write_run(tmp_path / "older", num_discriminators=200)
+    body = json.loads((older / "report.json").read_text())
+    del body["config"]["critic_updates"]
+    (older / "report.json").write_text(json.dumps(body))
+    fresh = _write_run(tmp_path / "fresh", num_discriminators=200)
+    assert report.read_run(str(kept)).kind == "NOT proven"
+    assert report.read_run(str(older)).kind == "NOT proven"
+    assert report.read_run(str(older)).critic_updates.value == "keep"
+    assert report.read_run(str(fresh)).kind == "proven"
+    rows = [line for line in report.render([report.read_run(str(f)) for f in
+                                            (kept, older, fresh)]).splitlines()
+            if line.startswith("| [")]
+    assert rows[0].startswith("| [fresh](fresh/) | proven |") and "| discard |" in rows[0]
+    assert all("| NOT proven |" in row and "| keep |" in row for row in rows[1:])
 
 
 def test_the_scale_column_names_every_setting_that_differs_from_the_paper():

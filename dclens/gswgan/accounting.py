@@ -20,6 +20,15 @@ example**, which replaces one shard (so one discriminator): ``REPLACE_ONE``.
   stronger than of one sampled composition, so this epsilon is **not proven** for the
   algorithm; it is offered only to compare with the paper's numbers, and every output
   names it.
+
+Both accountings also need that the mechanism of iteration t depends on the data only
+through the sampled shard k_t (given the released history).  That holds when every
+discriminator's DP-phase critic steps are thrown away (:attr:`CriticUpdates.DISCARD`,
+default): D_k then starts each iteration from its warm-start state, a function of shard
+k and of randomness fixed before the DP phase.  The released code keeps them
+(:attr:`CriticUpdates.KEEP`): D_k's state then depends on *when* k was drawn before, the
+hidden sampling that amplification rests on, and the subsampling theorem's condition
+fails; no epsilon of such a run is proven, whatever the accounting (:func:`is_proven`).
 """
 
 from __future__ import annotations
@@ -63,6 +72,45 @@ class Accounting(enum.Enum):
         sampled = dp_accounting.SampledWithoutReplacementDpEvent(num_discriminators, 1,
                                                                  gaussian)
         return dp_accounting.SelfComposedDpEvent(sampled, batch_size)
+
+
+class CriticUpdates(enum.Enum):
+    """What becomes of a discriminator's DP-phase critic steps (module docstring).
+
+    * ``DISCARD`` (default, provable): the steps train a copy of D_k loaded from the bank
+      (weights, spectral-norm vectors and Adam state as the warm-start left them); the
+      copy is dropped after the iteration's release, and the bank never changes after the
+      warm-start.  Iteration t's mechanism is then a function of shard k_t, the released
+      generator and fresh randomness only: an adaptive composition of subsampled
+      mechanisms, which is what both accountings compose.
+    * ``KEEP`` (the released code, main.py): D_k's updated state goes back to the bank.
+      It then depends on the earlier iterations that drew k -- hidden draws whose
+      posterior given the released outputs differs between neighbouring datasets -- so
+      even the "k_t is not the changed shard" branch differs between them, and the
+      amplification theorem does not apply.  NOT proven; for comparison with the paper.
+    """
+
+    DISCARD = "discard"
+    KEEP = "keep"
+
+    @property
+    def proven(self) -> bool:
+        return self is CriticUpdates.DISCARD
+
+    @property
+    def description(self) -> str:
+        if self is CriticUpdates.DISCARD:
+            return ("discard: each DP iteration trains a copy of the drawn discriminator "
+                    "from its warm-start state and drops it (the bank is fixed after the "
+                    "warm-start), so each iteration depends on its shard only")
+        return ("keep (the GS-WGAN code): a drawn discriminator keeps its DP-phase updates, "
+                "so its state depends on the hidden earlier draws; NOT proven under any "
+                "accounting")
+
+
+def is_proven(accounting: Accounting, critic_updates: CriticUpdates) -> bool:
+    """Whether an epsilon from ``accounting`` is proven for a run with ``critic_updates``."""
+    return accounting.proven and critic_updates.proven
 
 
 def new_ledger(*, delta: float, conversion: Conversion | str) -> sampled_ledger.SampledGaussianLedger:

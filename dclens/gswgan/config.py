@@ -3,7 +3,9 @@
 Defaults are the paper's (BASELINES.md 1.4): 1000 discriminators, B = 32, 5 critic steps,
 lambda_gp 10, drift 1e-3, Adam 1e-4 (0.5, 0.9), z_dim 10, model_dim 64, 2000 warm-start
 and 20000 DP iterations, C = 1, delta 1e-5; the budget is epsilon 10 under the provable
-iteration-level accounting (sigma calibrated: 2.87).
+iteration-level accounting (sigma calibrated: 2.87).  One default is not the released
+code's: the DP phase's critic steps are discarded after each iteration
+(``critic_updates``), which the proof needs (:mod:`dclens.gswgan.accounting`).
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from typing import Any
 
 from dclens.accounting import Conversion
 from dclens.field_checks import FieldChecks
-from dclens.gswgan.accounting import Accounting
+from dclens.gswgan.accounting import Accounting, CriticUpdates
 
 #: Settings a resumed run may change (they do not touch what the ledger means).
 CHANGEABLE_ON_RESUME = frozenset({"checkpoint_every", "log_every", "warm_chunk",
                                   "num_samples"})
+
+
+#: Settings added with a default that differs from what earlier runs did, and the value a
+#: saved config without them had (:func:`dclens.rundir.differences_except`): runs made
+#: before ``critic_updates`` existed kept the DP phase's critic updates.
+IMPLIED_BY_OLDER_RUNS = {"critic_updates": "keep"}
 
 
 class GswganConfigError(ValueError):
@@ -31,7 +39,8 @@ class GswganConfig:
     Privacy: each of ``iterations`` DP iterations samples one of ``num_discriminators``
     disjoint shards and releases ``batch_size`` sanitized image gradients with noise
     multiplier ``sigma`` (calibrated to ``target_eps`` under ``accounting`` when that is
-    given); epsilon is for replacing one training example, at ``delta``.
+    given); epsilon is for replacing one training example, at ``delta``, and proven only
+    for the iteration accounting with ``critic_updates`` = discard.
     """
 
     dataset: str = "fashion_mnist"
@@ -41,6 +50,7 @@ class GswganConfig:
     target_eps: float | None = 10.0
     sigma: float | None = None
     accounting: Accounting = Accounting.ITERATION
+    critic_updates: CriticUpdates = CriticUpdates.DISCARD
     delta: float = 1e-5
     conversion: Conversion = Conversion.DP_ACCOUNTING
     clip: float = 1.0
@@ -65,6 +75,7 @@ class GswganConfig:
     def __post_init__(self) -> None:
         check = FieldChecks(self, GswganConfigError)
         check.enum("accounting", Accounting)
+        check.enum("critic_updates", CriticUpdates)
         check.enum("conversion", Conversion)
         if self.dataset not in ("mnist", "fashion_mnist"):
             check.fail("dataset", "GS-WGAN's networks are for 28x28x1: mnist or fashion_mnist")
@@ -82,11 +93,13 @@ class GswganConfig:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["accounting"] = self.accounting.value
+        values["critic_updates"] = self.critic_updates.value
         values["conversion"] = self.conversion.value
         return values
 
     def check_data(self, records: int) -> int:
-        """Records per shard (n // N_D); refuses shards smaller than one batch."""
+        """Records per shard (n // N_D); refuses empty shards (a shard smaller than one
+        batch gives batches drawn with replacement, :func:`dclens.gswgan.train.real_batches`)."""
         per_shard = records // self.num_discriminators
         if per_shard < 1:
             raise GswganConfigError(

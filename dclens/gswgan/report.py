@@ -10,8 +10,13 @@ IS/FID) and, when present, ``config.json``, ``privacy.json``, ``evaluation.png``
 Each row states what its epsilon is worth, because the table mixes kinds of run:
 
 * **proven**: the iteration-level accounting (one subsampled Gaussian per iteration;
-  replace-one adjacency), noise from OS entropy, more than one discriminator;
-* **NOT proven**: the released code's per-sample composition (``per_sample_paper``);
+  replace-one adjacency) of a run that discards the DP phase's critic updates, noise
+  from OS entropy, more than one discriminator;
+* **NOT proven**: the released code's per-sample composition (``per_sample_paper``), or
+  a run that keeps the critic updates (``critic_updates`` keep, which every run made
+  before the setting existed did: :data:`dclens.gswgan.config.IMPLIED_BY_OLDER_RUNS`),
+  whatever its accounting -- the verdict is recomputed from the settings, not read from
+  the run's own ``accounting_proven``, which older runs wrote from the accounting alone;
 * **reference, NOT private**: one discriminator holds every record and is drawn at
   every iteration, so nothing is amplified (the ledger's epsilon is astronomically
   large); such runs isolate what the noise costs with a perfect critic;
@@ -29,7 +34,8 @@ import glob
 import json
 import os
 
-from dclens.gswgan.config import GswganConfig
+from dclens.gswgan.accounting import Accounting, CriticUpdates, is_proven
+from dclens.gswgan.config import IMPLIED_BY_OLDER_RUNS, GswganConfig
 from dclens.reporting import ReportError, copy_once, write_marked_section
 
 BEGIN_MARK = "<!-- gswgan:begin (written by scripts/gswgan_report.py; edit outside the markers) -->"
@@ -64,13 +70,23 @@ class PublishedRun:
         return float(self.privacy["delta"])
 
     @property
+    def critic_updates(self) -> CriticUpdates:
+        """The run's setting; a run made before it existed kept the updates."""
+        return CriticUpdates(self.config.get("critic_updates",
+                                             IMPLIED_BY_OLDER_RUNS["critic_updates"]))
+
+    def proven(self, accounting: str) -> bool:
+        """Whether ``accounting``'s epsilon is proven for this run's algorithm."""
+        return is_proven(Accounting(accounting), self.critic_updates)
+
+    @property
     def kind(self) -> str:
         """What the epsilon is worth (see the module docstring); the table's sort key."""
         if int(self.config["num_discriminators"]) == 1:
             return "reference, NOT private"
         if self.config.get("seed") is not None or self.privacy.get("reproducible_noise"):
             return "seeded noise, NOT private"
-        return "proven" if self.privacy["accounting_proven"] else "NOT proven"
+        return "proven" if self.proven(self.privacy["accounting"]) else "NOT proven"
 
     def protocol(self, key: str) -> float | None:
         entry = self.evaluation.get("protocols", {}).get(key)
@@ -120,7 +136,7 @@ def read_run(folder: str) -> PublishedRun:
         run = PublishedRun(os.path.basename(os.path.normpath(folder)), report["config"],
                            report["privacy"], documents["evaluation.json"])
         run.epsilon, run.kind, run.protocol("val")   # the fields the table needs
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise ReportError(f"{folder}: report.json or evaluation.json lacks {error}; is it "
                           f"from scripts/gswgan.py and scripts/evaluate.py?") from None
     return run
@@ -145,7 +161,7 @@ def _other_accounting(run: PublishedRun) -> str:
     other = run.privacy.get("for_comparison")
     if not other:
         return "--"
-    caveat = "" if other.get("proven") else ", NOT proven"
+    caveat = "" if run.proven(other["accounting"]) else ", NOT proven"
     return f"{_epsilon(float(other['epsilon']))} ({other['accounting']}{caveat})"
 
 
@@ -156,14 +172,16 @@ def render(runs: list[PublishedRun]) -> str:
     """The markdown table, proven runs first, then by epsilon and name."""
     runs = sorted(runs, key=lambda r: (_KIND_ORDER.index(r.kind), r.epsilon, r.name))
     lines = [
-        "| run | epsilon is | epsilon (delta) | same spends, other accounting | scale vs the "
-        "paper | sigma | `val` | `sen` | authors range 1 | domain FID | label agreement |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | epsilon is | epsilon (delta) | critic updates | same spends, other "
+        "accounting | scale vs the paper | sigma | `val` | `sen` | authors range 1 | domain "
+        "FID | label agreement |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         lines.append(
             f"| [{run.name}]({run.name}/) | {run.kind} | {_epsilon(run.epsilon)} "
-            f"({run.delta:g}, {run.privacy['accounting']}) | {_other_accounting(run)} | "
+            f"({run.delta:g}, {run.privacy['accounting']}) | {run.critic_updates.value} | "
+            f"{_other_accounting(run)} | "
             f"{scale_description(run.config)} | {float(run.privacy['sigma']):.4g} | "
             f"{_number(run.protocol('val'))} | {_number(run.protocol('sen'))} | "
             f"{_number(run.protocol('authors_range1'))} | "
@@ -171,7 +189,10 @@ def render(runs: list[PublishedRun]) -> str:
     lines.append("")
     lines.append(f"{len(runs)} runs. `val`: real-test accuracy at the epoch chosen on "
                  f"held-out synthetic data (the headline); `sen`: best real-test accuracy "
-                 f"over the epochs (selects on the test set); authors range 1: their "
+                 f"over the epochs (selects on the test set); critic updates: `discard` "
+                 f"drops a discriminator's DP-phase steps after its iteration (the proof "
+                 f"needs it), `keep` is the released code's and makes every epsilon of the "
+                 f"run NOT proven; authors range 1: their "
                  f"evaluation script exactly (best test accuracy over 600 SGD epochs); FID "
                  f"and label agreement use the domain classifier, not Inception. `--`: not "
                  f"measured.")

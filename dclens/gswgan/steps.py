@@ -34,10 +34,17 @@ SENSITIVITY = 2.0
 
 
 def clip_per_sample(gradients: tf.Tensor, clip: float) -> tf.Tensor:
-    """Scales each row g_j (leading axis) to norm min(||g_j||, C); C = inf keeps it."""
+    """Scales each row g_j (leading axis) to norm min(||g_j||, C); C = inf keeps it.
+
+    A row with a NaN or infinite entry becomes zeros: its norm is not finite, so scaling
+    could not bound it, and whether a discriminator produces one depends on its private
+    state -- the bound ||row|| <= C must hold for every row, whatever the discriminator.
+    """
     if math.isinf(clip):
         return gradients
     axes = list(range(1, gradients.shape.rank))
+    finite = tf.reduce_all(tf.math.is_finite(gradients), axis=axes, keepdims=True)
+    gradients = tf.where(finite, gradients, tf.zeros_like(gradients))
     norms = tf.sqrt(tf.reduce_sum(tf.square(gradients), axis=axes, keepdims=True))
     return gradients * tf.minimum(1.0, clip / (norms + 1e-10))
 

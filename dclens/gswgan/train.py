@@ -16,15 +16,19 @@
    independently sampled spends requires); ``critic_iters`` WGAN-GP steps of D_k on
    shard k; the iteration's event is **spent and journaled**; then one generator step
    through the gradient sanitizer with noise keyed by (attempt, t)
-   (:mod:`dclens.gswgan.steps`); the EMA generator follows.  D_k goes back to the bank.
+   (:mod:`dclens.gswgan.steps`); the EMA generator follows.  With ``critic_updates`` =
+   discard (default) the trained copy of D_k is dropped: the bank keeps the warm-start
+   states, so the iteration depends on the data through shard k only, which the
+   subsampled accounting needs (:mod:`dclens.gswgan.accounting`).  With keep (the
+   released code) D_k goes back to the bank, and no epsilon of the run is proven.
 4. **Release**: ``num_samples`` images from the EMA generator, labels uniform over
    classes (labels cost no privacy: they are drawn, not read).
 
 The discriminator bank (``discriminators.npy``: every D's weights and Adam state) is
-updated in place.  After a crash it may hold updates made in iterations after the last
-checkpoint; that is private (the sanitizer's bound holds for *any* discriminator, and
-those updates depend only on the discriminator's own shard and on released outputs, all
-counted in the journal) but makes a resumed run differ from an uninterrupted one.
+written by the warm-start and then only read, unless ``critic_updates`` = keep, where it
+is updated in place: after a crash it may then hold updates made in iterations after the
+last checkpoint, which makes a resumed run differ from an uninterrupted one (and the run
+is unproven anyway).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from dclens.accounting import guarantee_label
 from dclens.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps
-from dclens.gswgan.config import CHANGEABLE_ON_RESUME, GswganConfig, GswganConfigError
+from dclens.gswgan.config import (CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS, GswganConfig,
+                                  GswganConfigError)
 from dclens.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
@@ -351,7 +356,8 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
 
     started = time.perf_counter()
     opened = rundir.open_run(config, run_dir, restart=restart,
-                             changeable=CHANGEABLE_ON_RESUME, log=log)
+                             changeable=CHANGEABLE_ON_RESUME, log=log,
+                             implied=IMPLIED_BY_OLDER_RUNS)
     paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
     seeds = SeedTree(root_seed)
     records = load_records(config)
@@ -364,13 +370,16 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     event = config.accounting.iteration_event(
         sigma=sigma, num_discriminators=config.num_discriminators,
         batch_size=config.batch_size)
+    proven = gs_accounting.is_proven(config.accounting, config.critic_updates)
     facts = {"sigma": sigma, "sigma_from": "given" if config.sigma is not None else
              f"calibrated to epsilon {config.target_eps} in {config.iterations} iterations "
              f"({config.accounting.value} accounting)",
              "records_per_shard": int(shards.shape[1]),
              "records_used": int(shards.size), "accounting": config.accounting.value,
-             "accounting_proven": config.accounting.proven,
-             "accounting_description": config.accounting.description}
+             "accounting_proven": proven,
+             "accounting_description": config.accounting.description,
+             "critic_updates": config.critic_updates.value,
+             "critic_updates_description": config.critic_updates.description}
     nets = _DpNetworks(config, seeds, num_classes, sigma)
     bank_path = os.path.join(paths.root, "discriminators.npy")
     store = CheckpointStore(paths.checkpoints)
@@ -380,11 +389,17 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
             ledger=gs_accounting.new_ledger(delta=config.delta, conversion=config.conversion))
     else:
         journal = journal_lib.PrivacyJournal.load(paths.journal)
+    progress_path = os.path.join(paths.root, "warmstart.json")
+    if not os.path.exists(bank_path) and os.path.exists(progress_path):
+        raise rundir.RunDirError(
+            f"{bank_path} is missing but {progress_path} records warm-started "
+            "discriminators: the bank cannot be rebuilt in place; pass --restart to start "
+            "the run over")
     bank = DiscriminatorBank(bank_path, nets.discriminator, nets.d_opt,
                              config.num_discriminators,
                              create=not os.path.exists(bank_path))
     warm = warm_start(config, bank, records.images, records.labels, shards, seeds,
-                      num_classes, os.path.join(paths.root, "warmstart.json"), log=log,
+                      num_classes, progress_path, log=log,
                       bar_enabled=progress, hook=hook)
     start, curves, already_finished = 0, [], False
     if resuming:
@@ -399,7 +414,8 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     attempt = len(journal.lost)           # a resume that lost spends samples and noises anew
     log(f"GS-WGAN: {config.num_discriminators} discriminators x {shards.shape[1]} records, "
         f"B = {config.batch_size}, {config.iterations} iterations, sigma = {sigma:.4f} "
-        f"({facts['sigma_from']}), accounting: {config.accounting.description}")
+        f"({facts['sigma_from']}), accounting: {config.accounting.description}; critic "
+        f"updates: {config.critic_updates.description}")
     writer = tf.summary.create_file_writer(paths.logs)
     bar = None
     if progress:
@@ -441,7 +457,8 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                                                               iteration))
         released_norm = float(nets.generator_step(z, y, noise))
         nets.follow(iteration)
-        bank.store(chosen, nets.discriminator, nets.d_opt)
+        if config.critic_updates is gs_accounting.CriticUpdates.KEEP:
+            bank.store(chosen, nets.discriminator, nets.d_opt)
         done = iteration + 1
         hook("after_iteration", done)
         if bar is not None:
@@ -483,7 +500,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                sum(len(item["spends"]) for item in journal.lost),
                "event_per_iteration": repr(event), "stop_reason": stop_reason,
                "reproducible_noise": config.seed is not None,
-               "for_comparison": {"accounting": other.value, "proven": other.proven,
+               "for_comparison": {"accounting": other.value,
+                                  "proven": gs_accounting.is_proven(other,
+                                                                    config.critic_updates),
                                   "epsilon": comparison,
                                   "note": "the same spends under the other accounting"}}
     export.write_json(paths.privacy, privacy)
@@ -496,14 +515,14 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     export.write_grid_png(os.path.join(paths.root, "samples.png"),
                           export.image_grid(grid_images, num_classes, 10),
                           title="GS-WGAN, " + guarantee_label(
-                              epsilon.epsilon, config.delta, proven=config.accounting.proven,
+                              epsilon.epsilon, config.delta, proven=proven,
                               seeded=config.seed is not None))
     report = {"method": "gswgan", "dataset": config.dataset, "privacy": privacy,
               "warm_start": warm, "config": config.to_dict(), "curves": curves,
               "samples": samples_path, "seconds_this_call": time.perf_counter() - started}
     export.write_json(os.path.join(paths.root, "report.json"), report)
     log(f"GS-WGAN: epsilon {epsilon.epsilon:.4f} at delta {config.delta:g} "
-        f"({config.accounting.value} accounting"
-        f"{'' if config.accounting.proven else ', NOT proven'}; {other.value}: "
+        f"({config.accounting.value} accounting, critic updates "
+        f"{config.critic_updates.value}{'' if proven else ', NOT proven'}; {other.value}: "
         f"{comparison:.4f}); {config.num_samples} samples in {samples_path}")
     return report
