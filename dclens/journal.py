@@ -125,7 +125,8 @@ class PrivacyJournal:
         return journal
 
     def resume(self, *, entries_at_checkpoint: int, resumed_from_step: int) -> list[Spend]:
-        """Marks the entries after the checkpoint as lost (still counted); returns them.
+        """Marks the entries after the checkpoint as lost (still counted), except those an
+        earlier resume already marked; returns the newly lost ones.
 
         Raises:
           JournalError: if the checkpoint claims more entries than the journal holds (the
@@ -136,11 +137,17 @@ class PrivacyJournal:
                 f"the checkpoint at step {resumed_from_step} saw {entries_at_checkpoint} "
                 f"journaled spends but {self.path} holds only {len(self.entries)}: the "
                 "journal has lost spends; refusing to resume with an under-counted ledger")
-        lost = self.entries[entries_at_checkpoint:]
+        # A second crash before a new checkpoint resumes from the same one: the entries an
+        # earlier resume already listed as lost are not lost again (each lost record keeps
+        # the journal length it covered up to; older journals did not, hence the 0).
+        first = max([entries_at_checkpoint]
+                    + [int(item.get("to_entry", 0)) for item in self.lost])
+        lost = self.entries[first:]
         if lost:
             self.lost.append({"resumed_from_step": resumed_from_step,
                               "queries": sum(e.queries for e in lost),
-                              "spends": [e.to_dict() for e in lost]})
+                              "spends": [e.to_dict() for e in lost],
+                              "to_entry": len(self.entries)})
             self.write()
         return lost
 

@@ -159,19 +159,19 @@ def describe_differences(differences: list[tuple[str, Any, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _check_writable(path: str) -> None:
+def _check_writable(path: str, flag: str = "--checkpoint_dir") -> None:
     """The nearest existing ancestor must be a folder we can create files in (probed)."""
     ancestor = os.path.abspath(path)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
-        raise RunDirError(f"--checkpoint_dir {path!r} cannot be created: {ancestor!r} is a "
+        raise RunDirError(f"{flag} {path!r} cannot be created: {ancestor!r} is a "
                           "file, not a directory; choose another path")
     try:   # os.access says yes to root even on read-only mounts: really try
         with tempfile.TemporaryFile(dir=ancestor, prefix=".dclens-probe-"):
             pass
     except OSError as error:
-        raise RunDirError(f"--checkpoint_dir {path!r} is not writable (cannot create a file "
+        raise RunDirError(f"{flag} {path!r} is not writable (cannot create a file "
                           f"in {ancestor!r}: {error.strerror}); choose a writable "
                           "directory") from error
 
@@ -187,12 +187,13 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
 
 
 def plan_run(config, output_dir: str, *, restart: bool = False,
-             differences_of=None) -> RunPlan:
+             differences_of=None, flag: str = "--checkpoint_dir") -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
 
     ``config``: a :class:`DataLensConfig`, or any config with ``to_dict()`` together with
     ``differences_of(saved_dict, config)`` listing the settings that forbid resuming
-    (default: :func:`resume_differences`, DataLens' rule).
+    (default: :func:`resume_differences`, DataLens' rule).  ``flag``: the command-line
+    option that named ``output_dir``, as the messages quote it.
 
     Raises:
       RunDirError: the path is a file or not writable; the folder holds something that is
@@ -200,9 +201,9 @@ def plan_run(config, output_dir: str, *, restart: bool = False,
     """
     paths = RunPaths(output_dir)
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirError(f"--checkpoint_dir {output_dir!r} exists and is not a directory; "
+        raise RunDirError(f"{flag} {output_dir!r} exists and is not a directory; "
                           "choose another path")
-    _check_writable(output_dir)
+    _check_writable(output_dir, flag)
     if not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return RunPlan(Mode.FRESH, paths)
     if restart:
@@ -210,16 +211,16 @@ def plan_run(config, output_dir: str, *, restart: bool = False,
     if not os.path.exists(paths.config):
         found = sorted(os.listdir(output_dir))
         raise RunDirError(
-            f"--checkpoint_dir {output_dir!r} is not empty and is not a dclens run (it holds "
+            f"{flag} {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
     differences = (differences_of or resume_differences)(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
-            f"--checkpoint_dir {output_dir!r} holds a run with other settings, so it cannot "
+            f"{flag} {output_dir!r} holds a run with other settings, so it cannot "
             f"be resumed: {describe_differences(differences)}. Resume with the saved "
             f"settings (see "
-            f"{paths.config}), choose a new --checkpoint_dir, or pass --restart to set the "
+            f"{paths.config}), choose a new {flag}, or pass --restart to set the "
             "old run aside and start over (nothing was changed)")
     return RunPlan(Mode.RESUME, paths)
 
@@ -345,7 +346,7 @@ def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[st
     under ``restart``, and the root seed (:func:`root_seed` from ``config.seed``).  Used
     by the trainers beside DataLens'."""
     plan = plan_run(config, output_dir, restart=restart,
-                    differences_of=differences_except(changeable, implied))
+                    differences_of=differences_except(changeable, implied), flag="--run_dir")
     if plan.set_aside:
         log(f"set the old run aside: {set_aside(output_dir)}")
     return OpenedRun(plan.paths, plan.mode is Mode.RESUME, root_seed(plan, config.seed))

@@ -153,10 +153,15 @@ def gswgan_outcome(out: str) -> dict:
     import numpy as np
 
     privacy = report["privacy"]
+    if privacy["stop_reason"] != "iterations":
+        raise RuntimeError(f"{out}: the run stopped on {privacy['stop_reason']!r}; the fault "
+                           "runs must complete their --iterations (raise --target_eps)")
     samples = np.load(os.path.join(out, "samples.npz"))["x"]
+    # The iterations the run completed come from its settings, not from the journal,
+    # so that compare()'s "queries = steps + lost" check tests the journal.
     return {"curve": [{"step": p["iteration"], "epsilon": p["epsilon"]}
                       for p in report["curves"]],
-            "steps": privacy["iterations_spent"] - privacy["lost_iterations"],
+            "steps": report["config"]["iterations"],
             "queries": journal["queries"], "lost_queries": privacy["lost_iterations"],
             "queries_per_step": 1,
             "samples_sha256": hashlib.sha256(samples.tobytes()).hexdigest()}

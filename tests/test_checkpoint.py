@@ -131,6 +131,27 @@ def test_resume_marks_the_spends_after_the_checkpoint_lost(tmp_path):
     assert again.lost == loaded.lost and again.queries == 40
 
 
+def test_a_second_crash_before_a_new_checkpoint_lists_only_newly_lost_spends(tmp_path):
+    """Checkpoint after 2 entries; crash 1 loses entries 2-3; the resumed run spends 2 more
+    and crashes before its next checkpoint: only those 2 are newly lost (entries 2-3 were
+    listed already), and a crash before any new spend loses nothing new."""
+    journal = new_journal(tmp_path / "ledger.json")
+    for step in range(4):
+        spend(journal, step)
+    first = PrivacyJournal.load(tmp_path / "ledger.json")
+    assert [s.step for s in first.resume(entries_at_checkpoint=2, resumed_from_step=2)] \
+        == [2, 3]
+    for step in (2, 3):
+        spend(first, step)
+    second = PrivacyJournal.load(tmp_path / "ledger.json")
+    newly = second.resume(entries_at_checkpoint=2, resumed_from_step=2)
+    assert len(newly) == 2 and second.queries == 60
+    assert second.lost_queries == 40 and len(second.lost) == 2
+    third = PrivacyJournal.load(tmp_path / "ledger.json")
+    assert third.resume(entries_at_checkpoint=2, resumed_from_step=2) == []
+    assert third.lost_queries == 40 and len(third.lost) == 2 and third.queries == 60
+
+
 def test_resume_refuses_a_journal_shorter_than_the_checkpoint(tmp_path):
     journal = new_journal(tmp_path / "ledger.json")
     spend(journal, 0)
