@@ -395,8 +395,8 @@ def test_cli_stops_at_the_budget_and_marks_the_unproven_accounting(tiny_fmnist_d
 def test_progress_and_grid_show_only_released_values_and_their_caveats(
         tiny_fmnist_dir, tmp_path, capsys, monkeypatch):
     """The DP phase's bar shows epsilon and the released gradient norm, never the critic
-    loss (computed on the drawn shard's private records, no noise); the grid's title names
-    the unproven accounting and the seeded noise."""
+    loss (computed on the drawn shard's private records, no noise); the grid's title and
+    the TensorBoard epsilon curve name the accounting, and the title the seeded noise."""
     from dclens import export
 
     titles = []
@@ -416,6 +416,12 @@ def test_progress_and_grid_show_only_released_values_and_their_caveats(
     assert shown and all(entry == ((), {"eps", "norm"}) for entry in shown)
     assert titles == [titles[0]] and "NOT a proven guarantee" in titles[0]
     assert "seeded noise: NOT private" in titles[0]
+    assert "(per_sample_paper accounting, critic updates discard)" in titles[0]
+    tags = {value.tag for path in (tmp_path / "run" / "logs").rglob("events.out.*")
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for value in event.summary.value}
+    assert "gswgan/epsilon_per_sample_paper_critic_discard_NOT_proven" in tags
+    assert "gswgan/epsilon" not in tags and "gswgan/released_norm" in tags
 
 
 def test_privacy_cli_calibrates_gswgan_under_both_accountings(capsys):

@@ -417,6 +417,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
         f"({facts['sigma_from']}), accounting: {config.accounting.description}; critic "
         f"updates: {config.critic_updates.description}")
     writer = tf.summary.create_file_writer(paths.logs)
+    # The curve's name says which accounting produced it and whether it is proven.
+    epsilon_tag = (f"gswgan/epsilon_{config.accounting.value}_critic_"
+                   f"{config.critic_updates.value}{'' if proven else '_NOT_proven'}")
     bar = None
     if progress:
         from tqdm import tqdm
@@ -471,8 +474,8 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                      "epsilon": ledger.epsilon().epsilon}
             curves.append(point)
             with writer.as_default(step=done):
-                for key in ("released_norm", "epsilon"):
-                    tf.summary.scalar(f"gswgan/{key}", point[key])
+                tf.summary.scalar("gswgan/released_norm", released_norm)
+                tf.summary.scalar(epsilon_tag, point["epsilon"])
                 tf.summary.scalar("private/critic_loss", critic_loss)
             writer.flush()
             if bar is not None:
@@ -516,7 +519,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                           export.image_grid(grid_images, num_classes, 10),
                           title="GS-WGAN, " + guarantee_label(
                               epsilon.epsilon, config.delta, proven=proven,
-                              seeded=config.seed is not None))
+                              seeded=config.seed is not None)
+                          + f" ({config.accounting.value} accounting, critic updates "
+                          f"{config.critic_updates.value})")
     report = {"method": "gswgan", "dataset": config.dataset, "privacy": privacy,
               "warm_start": warm, "config": config.to_dict(), "curves": curves,
               "samples": samples_path, "seconds_this_call": time.perf_counter() - started}
