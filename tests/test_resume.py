@@ -87,7 +87,8 @@ def test_crash_between_checkpoints_keeps_the_lost_spend(reference, tiny_fmnist_d
     assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["lost_spends"] == [{"resumed_from_step": 2, "queries": BATCH,
-                                       "spends": [{"step": 2, "round": 0, "queries": BATCH}]}]
+                                       "spends": [{"step": 2, "round": 0, "queries": BATCH}],
+                                       "to_entry": 3}]      # the journal's length then
     resumed, uninterrupted = curve(out), curve(reference)
     assert resumed[:2] == uninterrupted[:2]
     for got, want in zip(resumed, uninterrupted):
