@@ -155,6 +155,8 @@ def gswgan_main(argv: Sequence[str]) -> int:
     for name, result in results.items():
         print(f"  {name:<17} sigma = {result['sigma']:.4f} -> epsilon = "
               f"{result['epsilon']:.4f}{'' if result['proven'] else '  (NOT proven)'}")
+    print("  (proven only for a run that discards the DP phase's critic updates, "
+          "scripts/gswgan.py's default; with --critic_updates keep no epsilon is proven)")
     return 0
 
 
