@@ -17,6 +17,11 @@ is the Gaussian mechanism with noise multiplier sigma / (2*sqrt(k)); step 4 is
 post-processing.  A batch of B fake images is B such mechanisms (B queries), returned as
 one ``dp_accounting`` event.
 
+Non-finite gradients: a (teacher, image) row holding a NaN or an infinity votes as an
+all-zero gradient (:func:`zero_nonfinite_rows`), in every aggregation, so a diverged
+teacher stays inside the charged sensitivity (a NaN would otherwise survive clipping and
+release 0 whatever the noise).
+
 Summing is linear, so votes can be accumulated chunk by chunk of teachers
 (:meth:`TopAgg.vote_sum`) and noised once (:meth:`TopAgg.release`).
 
@@ -56,6 +61,21 @@ def _check_grads(grads: tf.Tensor, topk: int) -> tf.Tensor:
         raise ValueError(f"topk={topk} is larger than the image dimension {grads.shape[-1]}; "
                          f"use topk <= {grads.shape[-1]}")
     return grads
+
+
+def zero_nonfinite_rows(grads: tf.Tensor) -> tf.Tensor:
+    """Gradients [T, B, D] with every (teacher, image) row that holds a NaN or an infinity
+    replaced by zeros; finite rows pass through bit for bit.
+
+    The sensitivity of every aggregation is a bound on what one teacher's vote can move,
+    proven for finite inputs.  A non-finite row is a function of one teacher's data too
+    (a diverged teacher), and arithmetic on it is not bounded: a NaN survives clipping,
+    makes its coordinate of the vote sum NaN, and thresholding NaN releases 0 whatever the
+    noise.  Zeroing the row maps it to the vote of an all-zero gradient, which is inside
+    the charged sensitivity like any other vote.
+    """
+    finite = tf.reduce_all(tf.math.is_finite(grads), axis=-1, keepdims=True)
+    return tf.where(finite, grads, tf.zeros_like(grads))
 
 
 def topk_indices(grads: tf.Tensor, topk: int) -> tf.Tensor:
@@ -314,9 +334,12 @@ class TopAgg:
         The draws are :meth:`uniforms` of ``seed``, or ``uniforms`` [T, B,
         :meth:`uniform_count`] when given (see :mod:`dclens.draws`); the deterministic
         sign needs neither.  Uses the custom op when it is available (``backend="auto"``,
-        see :func:`summed_votes`).
+        see :func:`summed_votes`).  A teacher's row that is not finite votes as an all-zero
+        gradient (:func:`zero_nonfinite_rows`), so the sensitivity holds for every input.
         """
-        grads = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
+        grads = tf.reshape(tf.convert_to_tensor(grads, tf.float32),
+                           (grads.shape[0], grads.shape[1], -1))
+        grads = zero_nonfinite_rows(grads)
         dim = int(grads.shape[-1])
         method = self.config.method
         if self.uniform_count(dim):

@@ -44,6 +44,16 @@ def _uniforms(agg, rng):
     return rng.uniform(size=(T, B, count)).astype(np.float32) if count else None
 
 
+def _make_nonfinite(rows, rng, kind):
+    """Teacher rows [B, D] as a diverged teacher leaves them, in place: a NaN in one
+    coordinate of every row (kind 4), or +inf / -inf / NaN scattered over them (kind 5)."""
+    if kind == 4:
+        rows[np.arange(rows.shape[0]), rng.integers(0, rows.shape[1], rows.shape[0])] = np.nan
+    else:
+        where = rng.uniform(size=rows.shape) < 0.3
+        rows[where] = rng.choice([np.inf, -np.inf, np.nan], size=int(where.sum()))
+
+
 @pytest.mark.parametrize("method", METHODS, ids=[m.value for m in METHODS])
 def test_sensitivity_holds_under_adversarial_swaps_and_is_reached(method):
     agg = _agg(method)
@@ -55,19 +65,22 @@ def test_sensitivity_holds_under_adversarial_swaps_and_is_reached(method):
         grads = (rng.standard_normal((T, B, D)) * scale).astype(np.float32)
         uniforms = _uniforms(agg, rng)
         swapped, swapped_u = grads.copy(), None if uniforms is None else uniforms.copy()
-        kind = trial % 4
+        kind = trial % 6
         if kind == 0:
             swapped[0] = -grads[0]                               # flip every sign
         elif kind == 1:
             swapped[0] = np.roll(grads[0], D // 2, axis=-1)      # move the support
         elif kind == 2:
             swapped[0] = 0.0                                     # an empty partition
-        else:
+        elif kind == 3:
             swapped[0] = rng.standard_normal((B, D)) * scale * 100
+        else:                                                    # a diverged teacher
+            _make_nonfinite(swapped[0], rng, kind)
         if swapped_u is not None:
             swapped_u[0] = rng.uniform(size=swapped_u[0].shape)  # and fresh draws
         before = _statistic(agg, grads, uniforms)
         after = _statistic(agg, swapped, swapped_u)
+        assert np.all(np.isfinite(after)), (kind, after)
         moved = np.sqrt(((before - after) ** 2).sum(axis=-1))   # per query (image)
         worst = max(worst, float(moved.max()))
     assert worst <= charged + 1e-6 * charged, (worst, charged)
@@ -267,10 +280,14 @@ def test_rotated_klevel_keeps_its_sensitivity_under_adversarial_swaps():
                  ).astype(np.float32)
         uniforms = rng.uniform(size=(T, B, D)).astype(np.float32)
         swapped, swapped_u = grads.copy(), uniforms.copy()
-        swapped[0] = -grads[0] if trial % 2 else rng.standard_normal((B, D)) * C * 50
+        if trial % 3 == 2:
+            _make_nonfinite(swapped[0], rng, 4 + trial % 2)
+        else:
+            swapped[0] = -grads[0] if trial % 3 else rng.standard_normal((B, D)) * C * 50
         swapped_u[0] = rng.uniform(size=(B, D))
-        moved = np.sqrt(((_statistic(agg, grads, uniforms)
-                          - _statistic(agg, swapped, swapped_u)) ** 2).sum(axis=-1))
+        after = _statistic(agg, swapped, swapped_u)
+        assert np.all(np.isfinite(after))
+        moved = np.sqrt(((_statistic(agg, grads, uniforms) - after) ** 2).sum(axis=-1))
         worst = max(worst, float(moved.max()))
     assert worst <= agg.sensitivity == 3 * math.sqrt(D)
 
@@ -287,3 +304,40 @@ def test_rotated_klevel_quantises_the_rotated_gradient_and_rotates_the_update_ba
     np.testing.assert_array_equal(got_sum, want_sum)
     update = agg.release(tf.constant(got_sum), noise=tf.zeros((B, D))).update.numpy()
     np.testing.assert_allclose(update, np.sign(want_sum) @ rotation, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS, ids=[m.value for m in METHODS])
+def test_a_nonfinite_teacher_row_votes_as_an_all_zero_gradient(method):
+    """Exact, noise off: a teacher row with a NaN or an infinity gives the vote sum of the
+    same row set to zero (the teacher's other rows and the other teachers unchanged)."""
+    agg = _agg(method)
+    rng = np.random.default_rng(11)
+    grads = (rng.standard_normal((T, B, D)) * C).astype(np.float32)
+    uniforms = _uniforms(agg, rng)
+    broken, zeroed = grads.copy(), grads.copy()
+    broken[0, 0, 3] = np.nan
+    broken[2, 1, :] = np.inf
+    broken[4, 2, 7] = -np.inf
+    for t, b in ((0, 0), (2, 1), (4, 2)):
+        zeroed[t, b] = 0.0
+    np.testing.assert_array_equal(_statistic(agg, broken, uniforms),
+                                  _statistic(agg, zeroed, uniforms))
+
+
+def test_klevel_release_is_noisy_where_a_teacher_is_nan():
+    """The reported break: 3 teachers, one NaN in coordinate 0, used to release 0 there for
+    every noise seed (a noise-free function of one teacher).  Now the released coordinate
+    follows the noise: with sigma = 1 and threshold 0.3 * 3 votes, P(release = 0) is below
+    0.7 whatever the (finite) vote sum, so 100 seeds all giving 0 has probability < 1e-15."""
+    agg = topagg.TopAgg(TopAggConfig(topk=K, sigma=1.0, thresh=0.3, max_grad=C,
+                                     method=Aggregation.KLEVEL, klevel=4),
+                        num_teachers=3, dim=D)
+    rng = np.random.default_rng(12)
+    grads = (rng.standard_normal((3, 1, D)) * C).astype(np.float32)
+    grads[1, 0, 0] = np.nan
+    uniforms = tf.constant(rng.uniform(size=(3, 1, D)).astype(np.float32))
+    votes = agg.vote_sum(tf.constant(grads), uniforms=uniforms)
+    assert np.all(np.isfinite(votes.numpy()))
+    released = [float(agg.release(votes, seed=tf.constant([seed, 0])).update[0, 0])
+                for seed in range(100)]
+    assert any(value != 0.0 for value in released)
