@@ -180,9 +180,13 @@ def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):
         if trial % 3 == 0:
             extra = np.zeros((1, 40), np.float32)
             extra[0, trial % 40] = 1e6                       # a spike
+        elif trial % 3 == 1 and trial % 2:                   # a non-finite gradient
+            extra[0, trial % 40] = (np.nan, np.inf, -np.inf)[trial % 9 // 3]
         with_it = tf.reduce_sum(agg.process(tf.constant(np.vstack([batch, extra]))), 0)
         without = tf.reduce_sum(agg.process(tf.constant(batch)), 0)
-        worst = max(worst, float(tf.norm(with_it - without)))
+        moved = float(tf.norm(with_it - without))
+        assert math.isfinite(moved), (trial, extra)
+        worst = max(worst, moved)
     assert worst <= agg.sensitivity * (1 + 1e-6)
     # Reached: an example of norm >= C spread evenly over 40 coordinates (k * 40 = 28);
     # the dimension variant reaches C with a gradient on fewer than 28 coordinates.
@@ -191,6 +195,26 @@ def test_one_example_moves_the_sum_by_at_most_the_sensitivity(method, topk):
         even[0, 20:] = 0.0
     moved = float(tf.norm(tf.reduce_sum(agg.process(tf.constant(even)), 0)))
     assert moved == pytest.approx(agg.sensitivity, rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_nonfinite_example_gradient_is_clipped_to_zeros(bad):
+    """Exact: a per-example row with a NaN or an infinity contributes zeros (it used to
+    stay NaN or become NaN and poison the sum); finite rows are clipped as before."""
+    rows = np.random.default_rng(4).standard_normal((4, 30)).astype(np.float32) * 3
+    broken = rows.copy()
+    broken[1, 5] = bad
+    clipped = mech.clip_rows(tf.constant(broken), 1.0).numpy()
+    np.testing.assert_array_equal(clipped[1], np.zeros(30, np.float32))
+    others = [0, 2, 3]
+    np.testing.assert_array_equal(clipped[others],
+                                  mech.clip_rows(tf.constant(rows[others]), 1.0).numpy())
+    for method, topk in ((mech.Method.GM, 1.0), (mech.Method.TOPAGG, 0.5),
+                         (mech.Method.TOPAGG_DIMENSION, 0.5)):
+        agg = mech.PrivateAggregation(method=method, clip=1.0, sigma=1.0, topk=topk)
+        out = agg.aggregate(tf.constant(broken), expected_batch=4.0,
+                            noise=tf.zeros(30)).numpy()
+        assert np.all(np.isfinite(out)), method
 
 
 def test_noise_off_is_the_mean_of_the_processed_gradients_and_noise_has_its_std():

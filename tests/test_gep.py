@@ -70,14 +70,17 @@ def test_one_example_moves_each_release_by_at_most_its_clip():
                              num_bases=6, rng=rng)
     mechanism = gep.Gep(clip_embedding=1.5, clip_residual=0.5, sigma=1.0)
     worst = np.zeros(2)
-    for _ in range(100):
+    for trial in range(100):
         batch = rng.standard_normal((5, 30)).astype(np.float32) * 3
         extra = (rng.standard_normal((1, 30)) * 10.0 ** rng.uniform(-2, 4)).astype(np.float32)
+        if trial % 4 == 3:                                   # a non-finite gradient
+            extra[0, trial % 30] = (np.nan, np.inf, -np.inf)[trial % 3]
         w1, r1 = mechanism.split(np.vstack([batch, extra]), bases)
         w0, r0 = mechanism.split(batch, bases)
         worst = np.maximum(worst, [
             float(tf.norm(tf.reduce_sum(w1, 0) - tf.reduce_sum(w0, 0))),
             float(tf.norm(tf.reduce_sum(r1, 0) - tf.reduce_sum(r0, 0)))])
+    assert np.all(np.isfinite(worst)), worst             # NaN would fail every bound
     assert worst[0] <= 1.5 * (1 + 1e-5) and worst[1] <= 0.5 * (1 + 1e-5)
     assert worst[0] > 1.4 and worst[1] > 0.45            # the clips are what binds
 

@@ -3,7 +3,8 @@
 One step of DP-SGD (Abadi et al. 2016) on a Poisson-sampled batch (each of the n examples
 joins independently with probability q = B / n):
 
-1. every example's gradient g_x is clipped to L2 norm C: g_x / max(1, ||g_x|| / C);
+1. every example's gradient g_x is clipped to L2 norm C: g_x / max(1, ||g_x|| / C) (a
+   gradient holding a NaN or an infinity is replaced by zeros first, :func:`clip_rows`);
 2. (TopAgg, DataLens App. A Alg. 4) **NormTopK** keeps the largest squared coordinates of
    the clipped gradient while their running sum stays <= k ||g||^2 (0 < k <= 1, a
    *fraction*), zeroing the rest, so ||NormTopK(g)||^2 <= k ||g||^2 <= k C^2;
@@ -112,7 +113,18 @@ class PrivateAggregation:
 
 
 def clip_rows(rows: tf.Tensor, clip: float) -> tf.Tensor:
-    """Each row g scaled to g / max(1, ||g|| / C)."""
+    """Each row g scaled to g / max(1, ||g|| / C); a row holding a NaN or an infinity
+    becomes zeros.
+
+    The bound ||clipped g|| <= C is what every sensitivity here rests on, and it fails for
+    a non-finite row: NaN / max(1, NaN) stays NaN, inf / inf is NaN, and either poisons
+    the whole sum.  Zeroing such a row (one example's gradient, a function of that example
+    alone) keeps it inside the ball like any other clipped row.  A finite row whose norm
+    overflows to inf is scaled to zeros by the same formula.
+    """
+    rows = tf.convert_to_tensor(rows, tf.float32)
+    finite = tf.reduce_all(tf.math.is_finite(rows), axis=1, keepdims=True)
+    rows = tf.where(finite, rows, tf.zeros_like(rows))
     norms = tf.norm(rows, axis=1, keepdims=True)
     return rows / tf.maximum(1.0, norms / clip)
 
