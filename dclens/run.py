@@ -68,7 +68,8 @@ DATA_DEPENDENT_PARTITION_WARNING = (
 
 
 class TrainingDiverged(RuntimeError):
-    """A loss became NaN or infinite; the run stopped at its last good checkpoint."""
+    """The student's (generator's) loss became NaN or infinite; the run stopped at its
+    last good checkpoint.  Decided from released quantities only (see :func:`train`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,17 +586,21 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
                           privacy_record(lens, config, curve, None, seeded, journal))
         _log_step(writer, record, lens, config, grid_every, bar)
         hook("after_step", lens.step)
-        if not (math.isfinite(record.teacher_loss) and math.isfinite(record.student_loss)):
+        # Only the student's loss decides: it is a function of the generator and the
+        # released updates (post-processing).  The teachers' loss is a noise-free function
+        # of the private records, so neither it nor whether it is finite may choose when
+        # the run stops; a diverged teacher's non-finite gradient votes as a zero gradient
+        # inside the charged sensitivity (dclens.topagg.zero_nonfinite_rows).
+        if not math.isfinite(record.student_loss):
             writer.flush()
             if bar is not None:
                 bar.close()
             export.write_json(plan.paths.privacy, privacy_record(
-                lens, config, curve, "non-finite loss", seeded, journal))
+                lens, config, curve, "non-finite student loss", seeded, journal))
             latest = store.latest()
             raise TrainingDiverged(
-                f"step {record.step + 1}: a loss is not finite (teacher loss "
-                f"{'finite' if math.isfinite(record.teacher_loss) else 'not finite'}, "
-                f"student {record.student_loss}); stopped. The ledger "
+                f"step {record.step + 1}: the student's loss is not finite "
+                f"({record.student_loss}); stopped. The ledger "
                 f"({plan.paths.journal}, {plan.paths.privacy}) counts all "
                 f"{lens.ledger.queries} queries made; the last good checkpoint is "
                 f"{latest.path if latest else 'none (the start)'}; no outputs were written. "

@@ -193,26 +193,48 @@ def test_bad_input_gets_its_error_and_writes_nothing(bad, tmp_path):
         assert not out.exists()
 
 
-def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_dir, tmp_path,
-                                                                  monkeypatch):
-    """NaN in a loss: exit 3, the message says so; ledger and last good checkpoint kept."""
+def test_a_non_finite_teacher_loss_neither_stops_the_run_nor_reaches_its_outputs(
+        tiny_fmnist_dir, tmp_path, monkeypatch, capsys):
+    """The teachers' loss is a noise-free function of the private records: whether it is
+    finite must not decide when the run stops, nor reach privacy.json or the terminal
+    (it used to stop the run with stop_reason 'non-finite loss')."""
     from dclens.train import DataLens
 
     original = DataLens.train_step
 
     def poisoned(self):
         record = original(self)
-        return dataclasses.replace(record, teacher_loss=math.inf) if record.step == 1 else record
+        return dataclasses.replace(record, teacher_loss=math.nan) if record.step == 1 else record
+
+    monkeypatch.setattr(DataLens, "train_step", poisoned)
+    out = tmp_path / "run"
+    code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
+                         str(out)])
+    assert code == 0, err
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert "non-finite" not in privacy["stop_reason"]
+    assert (out / "samples.npz").exists()
+    assert "not finite" not in err and "diverged" not in err
+
+
+def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_dir, tmp_path,
+                                                                  monkeypatch):
+    """NaN in the student's loss: exit 3, the message says so; ledger and last good
+    checkpoint kept."""
+    from dclens.train import DataLens
+
+    original = DataLens.train_step
+
+    def poisoned(self):
+        record = original(self)
+        return dataclasses.replace(record, student_loss=math.inf) if record.step == 1 else record
 
     monkeypatch.setattr(DataLens, "train_step", poisoned)
     out = tmp_path / "run"
     code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
                          str(out), "--checkpoint_every", "1"])
     assert code == DIVERGED
-    # The teachers' loss is a noise-free function of the private records: the message says
-    # whether it is finite, never its value.
-    assert ("main.py: training diverged: step 2: a loss is not finite (teacher loss not "
-            "finite, student " in err)
+    assert "main.py: training diverged: step 2: the student's loss is not finite (inf)" in err
     assert f"the last good checkpoint is {out}/checkpoints/ckpt-000001" in err
     assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000001", "seed.json"]
     ledger = json.loads((out / "ledger.json").read_text())

@@ -201,13 +201,14 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_state(tiny_fmnist_dir, tm
     with pytest.raises(run.TrainingDiverged) as error:
         train(tiny_fmnist_dir, out)
     message = str(error.value)
-    assert "step 3: a loss is not finite" in message
+    assert "step 3: the student's loss is not finite" in message
     assert f"counts all {3 * BATCH} queries" in message
     assert "ckpt-000002" in message and "no outputs were written" in message
     assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
     assert not (out / "samples.npz").exists() and not (out / "generator.keras").exists()
     privacy = json.loads((out / "privacy.json").read_text())
-    assert privacy["stop_reason"] == "non-finite loss" and privacy["queries"] == 3 * BATCH
+    assert privacy["stop_reason"] == "non-finite student loss"
+    assert privacy["queries"] == 3 * BATCH
     assert PrivacyJournal.load(out / "ledger.json").queries == 3 * BATCH
 
 
