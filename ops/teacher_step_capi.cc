@@ -65,9 +65,6 @@ int dclens_teacher_train_in_place(float* weights, float* adam_m, float* adam_v,
                                   int64_t first_step, float learning_rate, float beta1,
                                   float beta2, float epsilon, float* losses, int threads,
                                   char* error, int error_size) {
-  if (n < 2 || n % 2 != 0)
-    return Fail("each teacher's batch must be real then fake halves of equal size, got " +
-                    std::to_string(n) + " images", error, error_size);
   if (num_steps < 1)
     return Fail("num_steps must be >= 1, got " + std::to_string(num_steps), error,
                 error_size);
@@ -96,7 +93,6 @@ int dclens_teacher_image_gradients(const float* weights, int64_t teachers, int64
                                    int w, int c, int num_classes, int conv1_filters,
                                    int dense_units, float leaky_slope, float bn_epsilon,
                                    float* out, int threads, char* error, int error_size) {
-  if (n < 1) return Fail("the batch is empty", error, error_size);
   const Geometry g(n, 1, h, w, c, num_classes, conv1_filters, dense_units);
   const std::string problem = dclens::teacher_step::Validate(g, columns, labels, n);
   if (!problem.empty()) return Fail(problem, error, error_size);

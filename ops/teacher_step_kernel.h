@@ -599,6 +599,15 @@ struct Adam {
 // Empty if the shapes and labels fit the network; else what is wrong.
 inline std::string Validate(const Geometry& g, int64_t weight_columns, const int32_t* labels,
                             int64_t num_labels) {
+  // Batch-norm statistics, and the pooled buffers sized from them, are per group of
+  // n / groups images (training: the real half, then the fake half): an uneven split
+  // would read past a group.  Every entry point relies on this check alone.
+  if (g.n < 1) return "the batch is empty";
+  if (g.groups < 1 || g.n < g.groups || g.n % g.groups != 0)
+    return g.groups == 2 ? "each teacher's batch must be real then fake halves of equal "
+                           "size, got " + std::to_string(g.n) + " images"
+                         : "a batch of " + std::to_string(g.n) + " images does not split "
+                           "into " + std::to_string(g.groups) + " equal batch-norm groups";
   if (g.h % 4 != 0 || g.w % 4 != 0)
     return "image height and width must be multiples of 4, got " + std::to_string(g.h) + "x" +
            std::to_string(g.w);

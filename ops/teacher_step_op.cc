@@ -70,9 +70,6 @@ class TeacherTrainOp : public OpKernel {
                                 images.shape().DebugString()));
     const int64_t teachers = images.dim_size(0);
     const int n = static_cast<int>(images.dim_size(1));
-    OP_REQUIRES(ctx, n >= 2 && n % 2 == 0,
-                InvalidArgument("each teacher's batch must be real then fake halves of "
-                                "equal size, got ", n, " images"));
     OP_REQUIRES(ctx, labels.dims() == 2 && labels.dim_size(0) == teachers &&
                          labels.dim_size(1) == n,
                 InvalidArgument("labels must be [teachers, 2B] = [", teachers, ", ", n,
@@ -128,7 +125,6 @@ class TeacherImageGradientsOp : public OpKernel {
                 InvalidArgument("images must be [B, H, W, C], got ",
                                 images.shape().DebugString()));
     const int n = static_cast<int>(images.dim_size(0));
-    OP_REQUIRES(ctx, n >= 1, InvalidArgument("the batch is empty"));
     OP_REQUIRES(ctx, labels.dims() == 1 && labels.dim_size(0) == n,
                 InvalidArgument("labels must be [B] = [", n, "], got ",
                                 labels.shape().DebugString()));

@@ -222,6 +222,27 @@ def test_bad_inputs_are_refused_by_name(change, message):
                          epsilon=ADAM_EPSILON)
 
 
+def test_every_entry_point_refuses_an_uneven_batch_split_in_the_kernels_validate():
+    """The kernel's batch-norm groups (real half, fake half) and the pooled buffers sized
+    from them need the batch to split evenly; the shared Validate refuses anything else
+    for the TF ops and the C entry points alike (no entry point checks it on its own)."""
+    shape = SHAPES[0]
+    _, weights, real, fake, labels = _case(shape, num_teachers=2, batch=3, seed=12)
+    images = np.ascontiguousarray(np.concatenate([real, fake], 1)[:, :5])
+    both = np.ascontiguousarray(np.concatenate([labels, labels], 1)[:, :5].astype(np.int32))
+    state = [weights.copy(), np.zeros_like(weights), np.zeros_like(weights)]
+    with pytest.raises(ValueError, match=r"real then fake halves of equal size, got 5 images"):
+        teacher_op.train_in_place(*state, images, both, 0, shape=shape, num_steps=1,
+                                  learning_rate=LR, beta1=BETA1, beta2=ADAM_BETA2,
+                                  epsilon=ADAM_EPSILON)
+    np.testing.assert_array_equal(state[0], weights)         # nothing was written
+    empty = np.zeros((0, *real.shape[2:]), np.float32)
+    with pytest.raises(ValueError, match="the batch is empty"):
+        teacher_op.image_gradients_numpy(weights, empty, np.zeros(0, np.int32), shape=shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the batch is empty"):
+        teacher_op.image_gradients(weights, empty, np.zeros(0, np.int32), shape=shape)
+
+
 # ------------------------------------------------------------- numpy state, in place (ctypes)
 def test_in_place_entry_point_gives_the_ops_bits_and_overwrites_the_state():
     assert teacher_op.capi_available(), teacher_op.CAPI_LIBRARY
