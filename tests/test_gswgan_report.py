@@ -144,3 +144,29 @@ def test_the_hand_written_text_is_kept_and_the_cli_names_errors(tmp_path, capsys
     with pytest.raises(SystemExit):
         cli.main(["render", str(run)])
     assert "render takes no folders" in capsys.readouterr().err
+
+
+def test_every_committed_run_says_in_its_own_files_whether_its_epsilon_is_proven():
+    """Published artifacts carry their own truth: each results/gswgan run's privacy.json,
+    config.json and report.json give the accounting_proven that the rule (accounting and
+    critic updates, an older run's missing setting read as 'keep') gives -- not only the
+    table that reads them."""
+    from pathlib import Path
+
+    from dclens.gswgan.accounting import Accounting, CriticUpdates, is_proven
+    from dclens.gswgan.config import IMPLIED_BY_OLDER_RUNS
+
+    runs = sorted(p.parent for p in (Path(__file__).parent.parent / "results" / "gswgan")
+                  .glob("*/privacy.json"))
+    assert len(runs) >= 6
+    for run in runs:
+        files = {name: json.loads((run / name).read_text())
+                 for name in ("privacy.json", "config.json", "report.json")}
+        settings = files["config.json"]["config"]
+        updates = CriticUpdates(settings.get("critic_updates",
+                                             IMPLIED_BY_OLDER_RUNS["critic_updates"]))
+        want = is_proven(Accounting(files["privacy.json"]["accounting"]), updates)
+        for name, said in (("privacy.json", files["privacy.json"]),
+                           ("config.json", files["config.json"]),
+                           ("report.json", files["report.json"]["privacy"])):
+            assert said["accounting_proven"] is want, (run.name, name)
