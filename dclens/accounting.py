@@ -701,3 +701,14 @@ def guarantee_caveats(*, proven: bool, seeded: bool) -> str:
     """The reasons an epsilon is not a guarantee, as a suffix (``""`` when it is one)."""
     return ((", NOT a proven guarantee" if not proven else "")
             + (", seeded noise: NOT private" if seeded else ""))
+
+
+#: What every run's epsilon does not cover: how its settings were chosen.  dclens' defaults
+#: for DataLens and GS-WGAN are their papers', which the papers' authors chose on these
+#: datasets' training sets, i.e. on the records a run treats as private.
+HYPERPARAMETER_SELECTION = (
+    "not covered by epsilon: the settings are taken as given. dclens' defaults are the "
+    "papers' configurations, chosen by their authors on these datasets' training sets "
+    "(the records a run treats as private); a setting chosen by looking at results on "
+    "the private data leaks through that choice, outside this ledger.")
+

@@ -243,13 +243,15 @@ def root_seed(plan: RunPlan, seed: int | None) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """Where a resumed loop stands: its step, curves, whether it had finished, and the
-    journaled spends the crash lost (still counted)."""
+    """Where a resumed loop stands: its step, curves, whether it had finished, the
+    journaled spends the crash lost (still counted), and the checkpoint's own state
+    (empty without a checkpoint) for what a trainer saved beside these."""
 
     start: int
     curves: list
     finished: bool
     lost: list
+    state: dict = dataclasses.field(default_factory=dict)
 
 
 def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> Restored:
@@ -258,7 +260,7 @@ def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> R
     checkpoint written under another root seed.  No checkpoint: step 0, all spends lost."""
     store.remove_partial()
     latest = store.latest()
-    start, curves, entries, finished = 0, [], 0, False
+    start, curves, entries, finished, state = 0, [], 0, False, {}
     if latest is not None:
         if latest.state["root_seed"] != root_seed:
             raise RunDirError(f"{latest.path} was written with another root seed than "
@@ -267,8 +269,9 @@ def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> R
         start, curves = latest.step, list(latest.state["curves"])
         entries = latest.state["journal_entries"]
         finished = bool(latest.state.get("finished"))
+        state = dict(latest.state)
     lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=start)
-    return Restored(start, curves, finished, lost)
+    return Restored(start, curves, finished, lost, state)
 
 
 def differences_except(changeable: frozenset[str],

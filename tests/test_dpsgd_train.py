@@ -73,7 +73,15 @@ def test_a_run_spends_every_step_within_the_budget(tiny_fmnist_dir, tmp_path, me
     assert privacy["sampling_rate"] == pytest.approx(20 / n, rel=1e-15)
     assert privacy["epsilon"]["epsilon"] <= 4.0
     assert "add or remove one example" in privacy["adjacency"]
+    assert "n public" in privacy["adjacency"]
+    # n, q, the steps and sigma come from the actual n: the guarantee says so precisely.
+    assert f"parameters of n = {n}" in privacy["guarantee"]
+    assert "held-out split fixed" in privacy["guarantee"]
+    assert "n itself" in privacy["guarantee"]
     assert f"{config.held_out} held-out images are used without privacy" in privacy["unit"]
+    assert "NOT covered by this epsilon" in privacy["hyperparameter_selection"] \
+        or method == "gep"
+    assert accuracy_of_saved(report) == report["accuracy"]["test_at_chosen"]
     record = journal.PrivacyJournal.load(tmp_path / "run" / "ledger.json")
     assert isinstance(record.ledger, sampled_ledger.SampledGaussianLedger)
     assert record.queries == privacy["steps"] and len(record.entries) == privacy["steps"]
@@ -84,9 +92,65 @@ def test_a_run_spends_every_step_within_the_budget(tiny_fmnist_dir, tmp_path, me
     assert expected.epsilon().epsilon == pytest.approx(privacy["epsilon"]["epsilon"],
                                                        rel=1e-12)
     accuracy = report["accuracy"]
+    assert accuracy["saved_model_step"] == accuracy["chosen_step"]
     chosen = [c for c in report["curves"] if c["step"] == accuracy["chosen_step"]][0]
     assert chosen["validation"] == max(c["validation"] for c in report["curves"])
     assert (tmp_path / "run" / "model.keras").stat().st_size > 0
+
+
+def accuracy_of_saved(report):
+    """The test accuracy the report gives for the weights model.keras holds."""
+    step = report["accuracy"]["saved_model_step"]
+    return [c for c in report["curves"] if c["step"] == step][-1]["test"]
+
+
+def test_model_keras_holds_the_validation_chosen_weights(tiny_fmnist_dir, tmp_path,
+                                                         monkeypatch):
+    """The headline accuracy is the chosen evaluation's, so model.keras must hold that
+    evaluation's weights, not the final ones (it used to hold the final weights).  The
+    validation accuracy is scripted to peak at the first evaluation, whose weights are
+    recorded; a crash and resume in between must not lose them."""
+    import keras
+
+    real_accuracy = train._Model.accuracy
+    seen = {"calls": 0, "first": None}
+
+    def scripted(self, images, labels, batch=2000):
+        if len(labels) == 20:                               # the validation images
+            seen["calls"] += 1
+            if seen["calls"] == 1:
+                seen["first"] = [w.copy() for w in self.keras.get_weights()]
+                return 1.0
+            return 0.0
+        return real_accuracy(self, images, labels, batch)
+
+    monkeypatch.setattr(train._Model, "accuracy", scripted)
+    config = _config(tiny_fmnist_dir, sigma=1.5, target_eps=None, eval_every=2,
+                     checkpoint_every=2)
+
+    def kill(point, step):
+        if point == "after_spend" and step == 5:
+            raise _Killed
+    with pytest.raises(_Killed):
+        train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                       log=lambda line: None, hook=kill)
+    report = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
+                                            log=lambda line: None)
+    assert report["accuracy"]["chosen_step"] == report["accuracy"]["saved_model_step"] == 2
+    saved = keras.models.load_model(tmp_path / "run" / "model.keras").get_weights()
+    assert len(saved) == len(seen["first"])
+    for got, want in zip(saved, seen["first"]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_privacy_record_says_how_the_learning_rate_was_chosen():
+    from dclens.dpsgd.config import learning_rate_selection
+
+    assert "NOT covered by this epsilon" in learning_rate_selection(DpsgdConfig())
+    assert "the records this run treats as private" in learning_rate_selection(DpsgdConfig())
+    assert "Fashion-MNIST, not mnist" in learning_rate_selection(DpsgdConfig(dataset="mnist"))
+    assert "was given" in learning_rate_selection(DpsgdConfig(learning_rate=0.7))
+    assert "not tuned on any data" in learning_rate_selection(DpsgdConfig(method="gep"))
 
 
 def _event(config, sigma, rate, steps):
@@ -128,9 +192,14 @@ def test_a_killed_run_resumes_and_counts_the_lost_steps(tiny_fmnist_dir, tmp_pat
     # lost draws, so the final model differs from the uninterrupted run's.
     import keras
 
-    weights = [keras.models.load_model(tmp_path / name / "model.keras").get_weights()
-               for name in ("whole", "run")]
-    assert any(np.max(np.abs(a - b)) > 1e-6 for a, b in zip(*weights))
+    # (model.keras holds the validation-chosen weights, so compare the final checkpoints.)
+    from dclens.checkpoint import CheckpointStore
+
+    finals = [CheckpointStore(str(tmp_path / name / "checkpoints")).latest()
+              for name in ("whole", "run")]
+    assert finals[0].step == finals[1].step
+    assert any(np.max(np.abs(finals[0].load_array(k) - finals[1].load_array(k))) > 1e-6
+               for k in ("w0", "w1", "w2"))
     # A finished run asked again changes nothing and spends nothing.
     again = train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
                                            log=lambda line: None)

@@ -22,6 +22,27 @@ ANCHOR_SOURCES = ("held_out", "noise")
 DEFAULT_LEARNING_RATES = {Method.GM: 2.0, Method.TOPAGG: 2.0, Method.TOPAGG_DIMENSION: 0.1,
                           Method.GEP: 0.1, Method.BGEP: 0.1}
 
+#: The methods whose default learning rate above was chosen by a sweep (results/dpsgd).
+SWEPT_DEFAULTS = frozenset({Method.GM, Method.TOPAGG})
+
+
+def learning_rate_selection(config: "DpsgdConfig") -> str:
+    """How the run's learning rate was chosen, as far as dclens knows (privacy.json's
+    ``hyperparameter_selection``): that choice is not covered by the epsilon."""
+    rate = config.learning_rate
+    if config.method in SWEPT_DEFAULTS and rate == DEFAULT_LEARNING_RATES[config.method]:
+        where = ("the records this run treats as private" if config.dataset == "fashion_mnist"
+                 else f"Fashion-MNIST, not {config.dataset}")
+        return (f"learning_rate {rate:g} is dclens' default for {config.method.value}, chosen "
+                f"by the validation accuracy of eps = 1 sweeps on Fashion-MNIST's training "
+                f"set ({where}); that selection is NOT covered by this epsilon")
+    if rate == DEFAULT_LEARNING_RATES[config.method]:
+        return (f"learning_rate {rate:g} is dclens' fixed default for {config.method.value}, "
+                f"not tuned on any data")
+    return (f"learning_rate {rate:g} was given: how it was chosen is not covered by this "
+            f"epsilon unless it was chosen without the private data")
+
+
 #: Settings a resumed run may change (they do not touch what the ledger means).
 CHANGEABLE_ON_RESUME = frozenset({"checkpoint_every", "eval_every"})
 

@@ -42,7 +42,8 @@ from dclens import export, journal as journal_lib, rundir, sampled_ledger
 from dclens.checkpoint import CheckpointStore
 from dclens.dpsgd import gep as gep_lib
 from dclens.dpsgd import mechanisms, models, per_example
-from dclens.dpsgd.config import CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records
+from dclens.dpsgd.config import (CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records,
+                                 learning_rate_selection)
 from dclens.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
@@ -107,6 +108,9 @@ class _Model:
         self.num_params = sum(self.sizes)
         self.velocity = np.zeros(self.num_params, np.float32)
         self.momentum = config.momentum
+        #: The weights at the validation-chosen evaluation and its step (model.keras).
+        self.chosen: list[np.ndarray] | None = None
+        self.chosen_step: int | None = None
         pixels = tf.TensorSpec((None, *image_shape), tf.float32)
         self._per_example = tf.function(self._per_example_impl, input_signature=[
             pixels, tf.TensorSpec((None,), tf.int64)])
@@ -144,15 +148,37 @@ class _Model:
                                == labels[start:start + batch]))
         return hits / len(labels)
 
+    def remember_chosen(self, step: int) -> None:
+        """Keeps a copy of the current weights as the validation-chosen ones."""
+        self.chosen = [v.numpy().copy() for v in self.variables]
+        self.chosen_step = step
+
+    def use_chosen(self) -> None:
+        """Sets the variables to the remembered chosen weights."""
+        for variable, value in zip(self.variables, self.chosen):
+            variable.assign(value)
+
     def state_arrays(self) -> dict[str, np.ndarray]:
         arrays = {f"w{i}": v.numpy() for i, v in enumerate(self.variables)}
         arrays["velocity"] = self.velocity
+        if self.chosen is not None:
+            arrays.update({f"chosen_w{i}": w for i, w in enumerate(self.chosen)})
         return arrays
 
     def load(self, load_array) -> None:
+        """Restores the weights and momentum (with the checkpoint's ``load_array``)."""
         for i, variable in enumerate(self.variables):
             variable.assign(load_array(f"w{i}"))
         self.velocity = np.array(load_array("velocity"), np.float32)
+        self._load_array = load_array
+
+    def load_chosen(self, chosen_step: int | None) -> None:
+        """After :meth:`load`: the chosen weights that checkpoint saved at ``chosen_step``
+        (None: it saved none, as checkpoints before 2026-11-25)."""
+        if chosen_step is not None:
+            self.chosen = [np.array(self._load_array(f"chosen_w{i}"))
+                           for i in range(len(self.variables))]
+            self.chosen_step = chosen_step
 
 
 class _Mechanism:
@@ -211,6 +237,35 @@ def batch_for(seeds: SeedTree, *, step: int, attempt: int, private: int,
     return mechanisms.poisson_batch(seeds.numpy(Stream.BATCH, attempt, step), private, rate)
 
 
+#: The unit of privacy of a DP-SGD / GEP run, in words (privacy.json's ``adjacency``).
+ADJACENCY = ("add or remove one example of the private split, with n public: the "
+             "held-out split and n are fixed and published")
+
+
+def guarantee_statement(n: int, held_out: int) -> str:
+    """What a run's epsilon covers, precisely (privacy.json's ``guarantee``).
+
+    The sampling rate q = B / n, the step count and a calibrated sigma are computed from n,
+    the number of private examples, and n is published; the split into private and
+    held-out examples is a keyed permutation of the whole training set.  So the epsilon is
+    that of the mechanism M_n run with the parameters of this n, between two private sets
+    that differ by adding or removing one example, with the held-out images fixed; n itself
+    is released exactly, and the held-out images are used without privacy.
+    """
+    return (f"epsilon bounds the mechanism run with the parameters of n = {n} (sampling "
+            f"rate q = B / n, the step count and a calibrated sigma all follow from n) on "
+            f"two private sets that differ by adding or removing one example, the held-out "
+            f"split fixed. Not protected: n itself (published here), and the {held_out} "
+            f"held-out images, which are "
+            f"used without privacy.")
+
+
+def chosen_index(curves: list[dict]) -> int:
+    """The evaluation the headline reports: best held-out validation accuracy, the
+    earliest of equals (never the test set)."""
+    return max(range(len(curves)), key=lambda i: (curves[i]["validation"], -i))
+
+
 def _no_hook(point: str, step: int) -> None:
     del point, step
 
@@ -264,6 +319,8 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         restored = rundir.restore_latest(store, journal, root_seed=root_seed,
                                          seed_path=paths.seed, load=model.load)
         start, curves, already_finished = restored.start, restored.curves, restored.finished
+        if restored.state:
+            model.load_chosen(restored.state.get("chosen_step"))
         lost = restored.lost
         log(f"resuming at step {start}; the ledger counts {journal.queries} steps"
             + (f", {len(lost)} of them lost in the crash (still counted)" if lost else ""))
@@ -285,7 +342,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         store.save(step, model.state_arrays(),
                    {"root_seed": root_seed, "curves": curves,
                     "journal_entries": len(journal.entries), "finished": finished,
-                    "ledger": ledger.state_dict()},
+                    "ledger": ledger.state_dict(), "chosen_step": model.chosen_step},
                    before_commit=lambda: hook("checkpoint_before_commit", step))
 
     def evaluate_now(step: int) -> None:
@@ -294,6 +351,8 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
                  "test": model.accuracy(test.images, test.labels),
                  "epsilon": ledger.epsilon().epsilon}
         curves.append(point)
+        if chosen_index(curves) == len(curves) - 1:
+            model.remember_chosen(step)
         with writer.as_default(step=step):
             for key in ("validation", "test", "epsilon"):
                 tf.summary.scalar(f"dpsgd/{key}", point[key])
@@ -333,18 +392,25 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         bar.close()
     epsilon = ledger.epsilon()
     privacy = {"epsilon": epsilon.to_dict(), "delta": config.delta,
-               "adjacency": sampled_ledger.Sampling.POISSON.adjacency,
+               "adjacency": ADJACENCY,
+               "guarantee": guarantee_statement(n, config.held_out),
                "unit": f"one of the {n} private training examples (the {config.held_out} "
                        f"held-out images are used without privacy)",
+               "hyperparameter_selection": learning_rate_selection(config),
                **facts,
                # Every step spent, the redone steps of a crashed run included.
                "steps": ledger.queries, "lost_steps": journal.lost_queries,
                "reproducible_noise": config.seed is not None, "stop_reason": stop_reason,
                "event_per_step": repr(step_event)}
     export.write_json(paths.privacy, privacy)
+    chosen = chosen_index(curves)
+    saved_step = finished_steps
+    if model.chosen is not None and model.chosen_step == curves[chosen]["step"]:
+        model.use_chosen()               # model.keras holds what the headline measures
+        saved_step = model.chosen_step
     with export.atomic_path(os.path.join(paths.root, "model.keras")) as temporary:
         model.keras.save(temporary)
-    chosen = max(range(len(curves)), key=lambda i: (curves[i]["validation"], -i))
+    saved = next(point for point in reversed(curves) if point["step"] == saved_step)
     report = {
         "method": config.method.value, "dataset": config.dataset,
         "accuracy": {"test_at_chosen": curves[chosen]["test"],
@@ -353,7 +419,11 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
                      "validation_at_chosen": curves[chosen]["validation"],
                      "test_final": curves[-1]["test"],
                      "selection": "the evaluation with the best held-out validation "
-                                  "accuracy (never the test set)"},
+                                  "accuracy (never the test set)",
+                     # What model.keras holds: the chosen weights, unless the run resumed
+                     # from a checkpoint older than this field that predates the choice.
+                     "saved_model_step": saved_step,
+                     "test_of_saved_model": saved["test"]},
         "privacy": privacy, "config": config.to_dict(), "curves": curves,
         "seconds_this_call": time.perf_counter() - started,
     }
@@ -361,5 +431,6 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     log(f"{config.method.value}: test accuracy {report['accuracy']['test_at_chosen']:.4f} at "
         f"step {report['accuracy']['chosen_step']} (chosen on validation; final "
         f"{report['accuracy']['test_final']:.4f}), epsilon {epsilon.epsilon:.4f} at delta "
-        f"{config.delta:g} ({privacy['adjacency']})")
+        f"{config.delta:g} ({privacy['adjacency']}); model.keras holds the weights of step "
+        f"{saved_step}")
     return report
