@@ -138,6 +138,7 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "ledger": lens.ledger.state_dict(),
         "lost_queries": journal.lost_queries if journal is not None else 0,
         "lost_spends": journal.lost if journal is not None else [],
+        "hyperparameter_selection": accounting.HYPERPARAMETER_SELECTION,
     }
     if config.train.non_private:
         record["warning"] = NOT_PRIVATE_WARNING

@@ -73,6 +73,9 @@ def test_budget_stops_before_exceeding(finished_run):
     assert ledger.queries == 3 * QUERIES_PER_STEP
     assert set(privacy["epsilon_all_conversions"]) == {"classic", "dp_accounting"}
     assert privacy["reproducible_noise"] is True
+    # How the settings were chosen is outside the ledger, and the record says so.
+    assert privacy["hyperparameter_selection"] == accounting.HYPERPARAMETER_SELECTION
+    assert "not covered by epsilon" in privacy["hyperparameter_selection"]
 
 
 def test_samples_and_authors_layout(finished_run):

@@ -313,6 +313,7 @@ def test_a_killed_run_resumes_without_under_counting(tiny_fmnist_dir, tmp_path):
         gs_accounting.epsilon(iterations=8, **common), rel=1e-12)
     assert privacy["epsilon"]["epsilon"] > gs_accounting.epsilon(iterations=6, **common)
     assert privacy["accounting"] == "iteration" and privacy["accounting_proven"] is True
+    assert "not covered by epsilon" in privacy["hyperparameter_selection"]
     assert privacy["critic_updates"] == "discard"
     assert privacy["for_comparison"]["accounting"] == "per_sample_paper"
     assert privacy["for_comparison"]["proven"] is False

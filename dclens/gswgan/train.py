@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 
 from dclens import data, export, journal as journal_lib, rundir
-from dclens.accounting import guarantee_label
+from dclens.accounting import HYPERPARAMETER_SELECTION, guarantee_label
 from dclens.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps
@@ -503,6 +503,7 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                sum(len(item["spends"]) for item in journal.lost),
                "event_per_iteration": repr(event), "stop_reason": stop_reason,
                "reproducible_noise": config.seed is not None,
+               "hyperparameter_selection": HYPERPARAMETER_SELECTION,
                "for_comparison": {"accounting": other.value,
                                   "proven": gs_accounting.is_proven(other,
                                                                     config.critic_updates),
