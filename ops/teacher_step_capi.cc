@@ -1,4 +1,4 @@
-// C entry points of the teacher step for numpy state updated in place (dclens/teacher_op.py
+// C entry points of the teacher step for numpy state updated in place (dclens/datalens/teacher_op.py
 // calls them through ctypes, which releases the GIL): no TensorFlow tensors, so no copy of
 // the chunk's weights and Adam moments in or out.  Same kernel as the TF ops
 // (teacher_step_kernel.h): the same inputs give the same bits through either entry point.

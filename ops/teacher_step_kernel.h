@@ -3,7 +3,7 @@
 // Training: forward, backward and Adam of one teacher in one pass, every intermediate in
 // cache; the query: every teacher's -dL_G/dx on a shared fake batch.
 //
-// The network is dclens.networks' conditional DCGAN discriminator (K classes, df = conv1
+// The network is dclens.datalens.networks' conditional DCGAN discriminator (K classes, df = conv1
 // filters - K, dfc = dense units):
 //
 //   x [H, W, C] ++ y-maps -> conv5x5/2 SAME -> C0 = C+K ch, lrelu
@@ -16,7 +16,7 @@
 //   train:  L = mean_{real} softplus(-logit) + mean_{fake} softplus(logit)
 //   query:  L_G = mean softplus(-logit), output -dL_G/dx.
 // The constant label maps are folded out of the convolutions exactly as in
-// dclens/fast_ensemble.py: conv(x ++ y-maps, W) = conv(x, W_x) + sum_k y_k M_k with
+// dclens/datalens/fast_ensemble.py: conv(x ++ y-maps, W) = conv(x, W_x) + sum_k y_k M_k with
 // M_k[p, o] = sum of W_y[tap, k, o] over the taps of output p inside the image.
 //
 // Each teacher is computed by one thread (the callers spread teachers over threads) with
@@ -64,7 +64,7 @@ inline int PadBefore(int in, int out) {
   return std::max((out - 1) * kStride + kKernel - in, 0) / 2;
 }
 
-// Shapes and parameter offsets of one teacher (dclens.networks.discriminator_weight_shapes
+// Shapes and parameter offsets of one teacher (dclens.datalens.networks.discriminator_weight_shapes
 // order: conv0/kernel, conv0/bias, conv1/kernel, conv1/bias, bn1/gamma, bn1/beta,
 // dense2/kernel, dense2/bias, bn2/gamma, bn2/beta, dense3/kernel, dense3/bias).
 struct Geometry {

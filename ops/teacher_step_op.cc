@@ -1,4 +1,4 @@
-// The teachers' discriminator step as two fused TF CPU ops (see dclens/teacher_op.py);
+// The teachers' discriminator step as two fused TF CPU ops (see dclens/datalens/teacher_op.py);
 // the kernel, its math and its rounding are in teacher_step_kernel.h.
 //
 //   Dclens>TeacherTrain           num_steps Adam steps of every teacher of a chunk on its own

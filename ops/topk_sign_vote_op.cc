@@ -1,5 +1,5 @@
 // The TensorFlow op Dclens>TopkSignVote: TopAgg's per-teacher top-k (stochastic) sign
-// votes, summed over teachers.  See dclens/topagg.py (the pure-TF reference) and
+// votes, summed over teachers.  See dclens/datalens/topagg.py (the pure-TF reference) and
 // topk_sign_vote_kernel.h (the math, shared with the CUDA kernel).
 //
 // CPU kernel: the (teacher, image) rows are split into units (a block of teachers x one

@@ -7,7 +7,7 @@
   python scripts/bench.py --config fmnist-eps1-4000 --teachers 200 --aggregation \
       topk_stochastic_sign --aggregation klevel --aggregation fetchsgd  # Table 6
 
-Configurations (dclens/bench.py SPECS): fmnist-eps1-4000 (paper), fmnist-200,
+Configurations (dclens/experiments/bench.py SPECS): fmnist-eps1-4000 (paper), fmnist-200,
 celeba-gender-64x64 (60 teachers), celeba-gender-4000, celeba-gender-6000 (paper).  With
 --teachers N < the configuration's count, N teachers are run and the per-teacher phases
 are extrapolated linearly (labelled "extrapolated" in the output).  Data are synthetic
@@ -30,14 +30,15 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
 
-from dclens import bench, teacher_conv  # noqa: E402
-from dclens.config import Aggregation  # noqa: E402
+from dclens.experiments import bench
+from dclens.datalens import teacher_conv  # noqa: E402
+from dclens.datalens.config import Aggregation  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no_overlap", action="store_true",
                         help="teacher state I/O in the main thread (no prefetch/write-behind)")
     parser.add_argument("--conv_path", choices=teacher_conv.CONV_PATH_CHOICES, default="auto",
-                        help="the teachers' path (dclens/teacher_conv.py): auto, the fused "
+                        help="the teachers' path (dclens/datalens/teacher_conv.py): auto, the fused "
                         "C++ teacher step (fused), or TF's per-op kernels (per_teacher, "
                         "grouped)")
     parser.add_argument("--aggregation", action="append",

@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from dclens import bench, teacher_conv
+    from dclens.experiments import bench
+    from dclens.datalens import teacher_conv
     from dclens.dpsgd import gep, mechanisms, models, per_example
 
     rng = np.random.default_rng(0)
@@ -132,6 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
     sys.exit(main())

@@ -16,7 +16,7 @@ Prints one JSON object.  For each --model_dim:
   20000 DP iterations) at the best chunk: hours, the stated model being "measured seconds
   per unit x units", nothing else.
 
-The float32 matmul peak of this machine (``dclens.bench.matmul_peak_gflops``), measured in
+The float32 matmul peak of this machine (``dclens.experiments.bench.matmul_peak_gflops``), measured in
 the same run, is reported beside the times so runs on different machines can be set side by
 side as ratios.  Data: random images (timing only).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 PAPER = {"discriminators": 1000, "warm_iterations": 2000, "iterations": 20000}
 
@@ -43,10 +43,10 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
     import numpy as np
     import tensorflow as tf
 
-    from dclens import bench
+    from dclens.experiments import bench
     from dclens.gswgan import models, steps, train
     from dclens.gswgan.config import GswganConfig
-    from dclens.rng import SeedTree, Stream
+    from dclens.common.rng import SeedTree, Stream
 
     seeds = SeedTree(0)
     rng = np.random.default_rng(0)
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(c < 1 for c in args.chunks) or args.repeats < 1:
         parser.error(f"--chunks {args.chunks} and --repeats {args.repeats} must be >= 1")
-    from dclens import bench, teacher_conv
+    from dclens.experiments import bench
+    from dclens.datalens import teacher_conv
 
     peak = bench.matmul_peak_gflops()
     results = [bench_model_dim(m, args.chunks, args.batch_size, args.repeats)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The sharded teachers (``main.py --shards``, dclens/sharded.py): cost and projection; JSON.
+"""The sharded teachers (``main.py --shards``, dclens/datalens/sharded.py): cost and projection; JSON.
 
   python scripts/bench_shards.py                         # both parts, ~10 min on 2 cores
   python scripts/bench_shards.py --skip_celeba --shards 0,1,2 --teachers 100
@@ -14,7 +14,7 @@ measures the overhead of the actor path, not a speed-up.
 
 Part 2, the per-actor step of one CelebA-Gender shard: 750 of the paper's 6000 teachers
 (64x64x3, B = 27) with a disk bank, extrapolated linearly from ``--celeba_measured``
-teachers (dclens/bench.py's machinery; all of their state streams from disk).
+teachers (dclens/experiments/bench.py's machinery; all of their state streams from disk).
 
 Projection (a stated model, not a measurement): the CelebA-Gender eps=1 paper run on N
 machines of 2 cores / 24 GiB, one actor each: step time = per-teacher seconds x teachers
@@ -41,17 +41,22 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
 
-from dclens import accounting, bench, data, teacher_conv, teachers  # noqa: E402
-from dclens.config import DataLensConfig, preset  # noqa: E402
-from dclens.sharded import ShardOptions  # noqa: E402
-from dclens.shards import plan_shards  # noqa: E402
-from dclens.train import DataLens, image_shape_of  # noqa: E402
+from dclens.privacy import accounting
+from dclens.experiments import bench
+from dclens import data
+from dclens.datalens import teacher_conv, teachers  # noqa: E402
+from dclens.datalens.config import DataLensConfig, preset  # noqa: E402
+from dclens.datalens import sharded  # noqa: E402
+from dclens.datalens.sharded import ShardOptions  # noqa: E402
+from dclens.datalens.shards import plan_shards  # noqa: E402
+from dclens.datalens.build import image_shape_of  # noqa: E402
+from dclens.datalens.train import DataLens  # noqa: E402
 
 CELEBA_TEACHERS, CELEBA_RECORDS = 6000, 162770
 MACHINE_RAM_GIB, MACHINE_CORES = 24, 2
@@ -73,7 +78,7 @@ def time_sharded(config: DataLensConfig, shards: int, *, steps: int, warmup: int
     options = (None if shards == 0 else
                ShardOptions(shards, os.path.join(workdir, f"shards-{shards}")))
     started = time.perf_counter()
-    lens = DataLens(config, dataset, root_seed=0, shards=options)
+    lens = DataLens(config, dataset, root_seed=0, launch_teachers=sharded.launcher(options))
     setup = time.perf_counter() - started
     seconds, sent, received = [], [], []
     try:
@@ -222,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.out:
-        from dclens import export
+        from dclens.common import export
 
         export.atomic_write(args.out, lambda stream: stream.write(text + "\n"), mode="w")
     return 0

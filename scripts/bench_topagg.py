@@ -28,16 +28,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
 
 import tensorflow as tf  # noqa: E402
 
-from dclens import topagg, vote_op  # noqa: E402
-from dclens.config import Aggregation  # noqa: E402
+from dclens.datalens import topagg, vote_op  # noqa: E402
+from dclens.datalens.config import Aggregation  # noqa: E402
 
 PAPER_CASES = [((4000, 15, 784), 200), ((6000, 15, 12288), 700)]
 QUICK_CASES = [((400, 15, 784), 200), ((60, 15, 12288), 700)]

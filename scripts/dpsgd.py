@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,12 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens import data, rundir
-    from dclens.checkpoint import CheckpointError
+    from dclens import data
+    from dclens.runs import rundir
+    from dclens.runs.checkpoint import CheckpointError
     from dclens.dpsgd import train
     from dclens.dpsgd.cli import config_from_args
     from dclens.dpsgd.config import DpsgdConfigError
-    from dclens.journal import JournalError
+    from dclens.runs.journal import JournalError
 
     try:
         config = config_from_args(args)

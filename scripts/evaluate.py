@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, dataset: str):
     """Flags -> EvalSettings (official schedule first, explicit flags override it)."""
-    from dclens import classifiers, evaluate
+    from dclens.evaluation import classifiers, evaluate
 
     settings = (evaluate.official_settings(dataset) if args.official
                 else evaluate.EvalSettings())
@@ -85,7 +85,7 @@ def settings_from_args(args: argparse.Namespace, dataset: str):
     if args.no_quality:
         changes["quality"] = False
     if args.protocol == "authors":
-        from dclens import authors_protocol
+        from dclens.evaluation import authors_protocol
 
         protocol = authors_protocol.AuthorsProtocol(range=args.authors_range)
         if args.authors_epochs is not None:
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.input) == bool(args.real):
         parser.error("give exactly one of: an input path, or --real")
-    from dclens import classifiers, data, evaluate, quality
+    from dclens.evaluation import classifiers, evaluate, quality
+    from dclens import data
 
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
@@ -158,6 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
     sys.exit(main())

@@ -49,7 +49,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 POINTS = ("after_spend", "after_step", "checkpoint_before_commit", "after_checkpoint",
           "before_outputs")
@@ -62,7 +62,7 @@ EPSILON_TOLERANCE = 1e-9
 
 def budget_for_steps(steps: int) -> float:
     """A classic-conversion max_eps that admits exactly ``steps`` steps of B queries."""
-    from dclens import accounting
+    from dclens.privacy import accounting
 
     curve = accounting.epsilon_curve(sigma=SIGMA, topk=TOPK, queries_per_step=BATCH,
                                      steps=steps + 1, delta=1e-5,
@@ -281,7 +281,7 @@ def child(argv: list[str]) -> int:
         kill_actor = point.startswith(ACTOR_PREFIX)
         target = (point.removeprefix(ACTOR_PREFIX), int(step))
     if kill_actor:
-        from dclens import sharded
+        from dclens.datalens import sharded
 
         launch = sharded.ShardedTeachers.launch
 
@@ -338,5 +338,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # the children inherit it; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # the children inherit it; see dclens/common/tf_env.py
     sys.exit(main())

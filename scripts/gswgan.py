@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 _HELP = {
     "num_discriminators": "N_D, disjoint shards (paper 1000; sampling rate 1/N_D)",
@@ -55,7 +55,7 @@ _HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dclens.accounting import Conversion
+    from dclens.privacy.accounting import Conversion
     from dclens.gswgan.accounting import Accounting, CriticUpdates
     from dclens.gswgan.config import GswganConfig
 
@@ -93,11 +93,12 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     """Runs the command line; ``fault_hook`` is for fault-injection tests (scripts/faults.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens import data, rundir
-    from dclens.checkpoint import CheckpointError
+    from dclens import data
+    from dclens.runs import rundir
+    from dclens.runs.checkpoint import CheckpointError
     from dclens.gswgan import train
     from dclens.gswgan.config import GswganConfig, GswganConfigError
-    from dclens.journal import JournalError
+    from dclens.runs.journal import JournalError
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GswganConfig)}
     if args.sigma is None and args.target_eps is None:

@@ -23,9 +23,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import config as cfg  # noqa: E402
-from dclens import tf_env  # noqa: E402
-from dclens.accounting import Conversion  # noqa: E402
+from dclens.datalens import config as cfg  # noqa: E402
+from dclens.common import tf_env  # noqa: E402
+from dclens.privacy.accounting import Conversion  # noqa: E402
 
 # The authors' main.py defaults (their flag definitions), for --preset authors.
 AUTHORS_DEFAULTS = dict(epoch=1000, batch_size=30, learning_rate=1e-3, beta1=0.5, z_dim=100,
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "main.py defaults (with --dataset, --preset authors).",
         epilog="Booleans take --flag, --noflag or --flag=true|false. Environment: the CLI "
         "sets TF_ENABLE_ONEDNN_OPTS=1 and TF_CPP_MIN_LOG_LEVEL=3 unless you set them "
-        "(dclens/tf_env.py).", allow_abbrev=False)
+        "(dclens/common/tf_env.py).", allow_abbrev=False)
     add = parser.add_argument
     add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
         " [default: demo without --dataset, else authors]")
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that works here: fused (one C++ op per chunk, built by make -C ops), else "
         "per_teacher (TF kernels); grouped needs oneDNN")
     add("--aggregation", choices=[a.value for a in cfg.Aggregation],
-        help="how the teachers' gradients are aggregated (dclens/config.py Aggregation): the "
+        help="how the teachers' gradients are aggregated (dclens/datalens/config.py Aggregation): the "
         "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
         "no_threshold, klevel (D2P-Fed); each charges its own sensitivity")
     add("--sketch_accounting", choices=[a.value for a in cfg.SketchAccounting],
@@ -369,7 +369,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
 
 
 def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
-    """Runs the command line; ``fault_hook`` is for fault-injection tests (see dclens.run)."""
+    """Runs the command line; ``fault_hook`` is for fault-injection tests (see dclens.datalens.run)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -382,11 +382,12 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         parser.error(f"--ray_address {args.ray_address} needs --shards N (the teachers are "
                      "split over N Ray actors)")
     tf_env.import_tensorflow_quietly()
-    from dclens import data, run
-    from dclens.checkpoint import CheckpointError
-    from dclens.journal import JournalError
-    from dclens.sharded import ShardError
-    from dclens.teachers import BankSpaceError
+    from dclens import data
+    from dclens.datalens import run
+    from dclens.runs.checkpoint import CheckpointError
+    from dclens.runs.journal import JournalError
+    from dclens.datalens.sharded import ShardError
+    from dclens.datalens.teachers import BankSpaceError
 
     try:
         if args.deterministic:
@@ -413,5 +414,5 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     sys.exit(main())

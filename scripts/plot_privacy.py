@@ -19,7 +19,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import export  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import export  # noqa: E402  (after the sys.path insertion above)
 
 
 def build_parser() -> argparse.ArgumentParser:

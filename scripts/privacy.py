@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import accounting  # noqa: E402  (after the sys.path insertion above)
+from dclens.privacy import accounting  # noqa: E402  (after the sys.path insertion above)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,8 +24,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import config as cfg  # noqa: E402  (after the sys.path insertion above)
-from dclens import tf_env  # noqa: E402
+from dclens.datalens import config as cfg  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402
 
 
 def _evaluate_cli():
@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
                      f"got {args.checkpoint_every}")
-    from dclens import classifiers, config, data, evaluate, reproduce, run
+    from dclens.evaluation import classifiers, evaluate
+    from dclens.datalens import config, run
+    from dclens import data
+    from dclens.experiments import reproduce
 
     command = shlex.join(["python", "scripts/reproduce.py",
                           *(sys.argv[1:] if argv is None else argv)])
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
         if args.add_authors is not None:
-            from dclens import authors_protocol
+            from dclens.evaluation import authors_protocol
 
             protocol = authors_protocol.AuthorsProtocol(range=args.add_authors)
             if args.authors_epochs is not None:
@@ -177,6 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
     sys.exit(main())

@@ -7,7 +7,7 @@
 Both get the same data and partitions (the authors' partitioner on a class-balanced
 subset of the real Fashion-MNIST), the same initial weights, latents, labels,
 stochastic-sign uniforms and DP noise (their numpy draws, replayed into dclens through
-dclens.draws), and the authors' per-teacher fake batches.  After every generator step it
+dclens.datalens.draws), and the authors' per-teacher fake batches.  After every generator step it
 prints and records the differences of the teachers' losses and weights, the image
 gradients, the vote sums, the noisy thresholded update, the generator's weights and
 epsilon (dclens/parity/side_by_side.py states the float32 tolerances).  Exit status 0
@@ -25,7 +25,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 DEFAULT_REPO = pathlib.Path(__file__).resolve().parents[2] / "shared" / "authors-datalens"
 
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from dclens import export
+    from dclens.common import export
     from dclens.data import DataError
     from dclens.parity import side_by_side, tf1_compat
 
@@ -95,6 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
     sys.exit(main())

@@ -33,7 +33,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from dclens import tf_env  # noqa: E402  (after the sys.path insertion above)
+from dclens.common import tf_env  # noqa: E402  (after the sys.path insertion above)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from evaluate import add_eval_arguments, settings_from_args  # noqa: E402
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens import reproduce, tables
+    from dclens.experiments import reproduce, tables
 
     if (args.table == "6") != (args.bench is not None):
         parser.error("--bench FILE goes with --table 6 (and only with it): Table 6 is read "
@@ -144,6 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/tf_env.py
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
     tf_env.import_tensorflow_quietly()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny Fashion-MNIST-shaped IDX data set made by the tests.
 
-The test process runs TensorFlow as the command-line tools do (:mod:`dclens.tf_env`:
+The test process runs TensorFlow as the command-line tools do (:mod:`dclens.common.tf_env`:
 oneDNN on and quiet C++ logs unless the environment says otherwise), set here before any
 test module imports TensorFlow, so the suite behaves alike on CPUs whose oneDNN default
 differs.  tests/test_teacher_conv.py runs a job with oneDNN off and on in subprocesses.
@@ -11,7 +11,7 @@ import os
 import pathlib
 import struct
 
-from dclens import tf_env
+from dclens.common import tf_env
 
 tf_env.prepare_cli_environment()
 

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from dclens import networks, teacher_conv, teacher_op, teachers
-from dclens.config import ConvPath
-from dclens.fast_ensemble import FastTeacherEnsemble
+from dclens.datalens import networks, teacher_conv, teacher_op, teachers
+from dclens.datalens.config import ConvPath
+from dclens.datalens.fast_ensemble import FastTeacherEnsemble
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

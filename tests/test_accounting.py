@@ -1,4 +1,4 @@
-"""Tests for dclens.accounting and scripts/privacy.py (no TensorFlow needed)."""
+"""Tests for dclens.privacy.accounting and scripts/privacy.py (no TensorFlow needed)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 
-from dclens import accounting
-from dclens.accounting import Conversion, PrivacyLedger
+from dclens.privacy import accounting
+from dclens.privacy.accounting import Conversion, PrivacyLedger
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "privacy.py"
@@ -376,7 +376,7 @@ def test_invalid_ledger_and_budget_inputs_quote_the_value():
 
 
 def test_importing_accounting_does_not_import_tensorflow():
-    code = ("import sys, dclens.accounting; "
+    code = ("import sys, dclens.privacy.accounting; "
             "sys.exit(1 if 'tensorflow' in sys.modules or 'keras' in sys.modules else 0)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 

@@ -1,4 +1,4 @@
-"""The aggregation variants of the paper's ablations (Aggregation enum, dclens/topagg.py).
+"""The aggregation variants of the paper's ablations (Aggregation enum, dclens/datalens/topagg.py).
 
 For every variant: the L2 sensitivity it charges is proven by an adversarial swap of one
 teacher's gradients and draws with the noise off (the released statistic never moves
@@ -13,10 +13,11 @@ import pytest
 import tensorflow as tf
 from conftest import synthetic_fashion_mnist
 
-from dclens import accounting, topagg
-from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, SketchAccounting,
+from dclens.privacy import accounting
+from dclens.datalens import topagg
+from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, SketchAccounting,
                            TopAggConfig, TrainConfig)
-from dclens.train import DataLens
+from dclens.datalens.train import DataLens
 
 T, B, D, K, C = 5, 3, 40, 6, 1e-5
 METHODS = list(Aggregation)

@@ -1,4 +1,4 @@
-"""The authors' evaluation protocol (dclens/authors_protocol.py): the fast path that skips
+"""The authors' evaluation protocol (dclens/evaluation/authors_protocol.py): the fast path that skips
 the zero rows follows the literal 100,000-row path (here scaled down), and the zero rows
 really scale every step down (a run without them differs)."""
 
@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dclens import authors_protocol, data
+from dclens.evaluation import authors_protocol
+from dclens import data
 from conftest import load_script
 
 SPEC = data.dataset_spec("fashion_mnist")
@@ -72,7 +73,7 @@ def test_range_reads_the_first_pickles_and_is_checked():
 
 
 def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
-    from dclens import classifiers, evaluate
+    from dclens.evaluation import classifiers, evaluate
 
     synthetic, test = _labeled(100, 0), _labeled(40, 1)
     settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
@@ -144,7 +145,7 @@ def test_the_cli_keeps_the_authors_state_beside_its_outputs_and_resumes(
     that path are refused by name instead of being mixed in."""
     import json
 
-    from dclens import export
+    from dclens.common import export
 
     cli = load_script("evaluate")
     synthetic = _labeled(10000, 0)

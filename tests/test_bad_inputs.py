@@ -198,7 +198,7 @@ def test_a_non_finite_teacher_loss_neither_stops_the_run_nor_reaches_its_outputs
     """The teachers' loss is a noise-free function of the private records: whether it is
     finite must not decide when the run stops, nor reach privacy.json or the terminal
     (it used to stop the run with stop_reason 'non-finite loss')."""
-    from dclens.train import DataLens
+    from dclens.datalens.train import DataLens
 
     original = DataLens.train_step
 
@@ -221,7 +221,7 @@ def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_di
                                                                   monkeypatch):
     """NaN in the student's loss: exit 3, the message says so; ledger and last good
     checkpoint kept."""
-    from dclens.train import DataLens
+    from dclens.datalens.train import DataLens
 
     original = DataLens.train_step
 

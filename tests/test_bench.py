@@ -1,11 +1,11 @@
-"""The step benchmark (dclens.bench) runs the mechanism it names, and only that one."""
+"""The step benchmark (dclens.experiments.bench) runs the mechanism it names, and only that one."""
 
 from __future__ import annotations
 
 import pytest
 
-from dclens import bench
-from dclens.config import Aggregation, preset
+from dclens.experiments import bench
+from dclens.datalens.config import Aggregation, preset
 
 
 def test_bench_config_keeps_the_preset_unless_an_aggregation_is_named():

@@ -8,10 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from dclens import accounting, rundir
-from dclens.checkpoint import CheckpointError, CheckpointStore
-from dclens.config import demo_preset
-from dclens.journal import JournalError, PrivacyJournal
+from dclens.privacy import accounting
+from dclens.runs import rundir
+from dclens.runs.checkpoint import CheckpointError, CheckpointStore
+from dclens.datalens.config import demo_preset
+from dclens.runs.journal import JournalError, PrivacyJournal
 
 
 def arrays(value: float) -> dict[str, np.ndarray]:
@@ -249,8 +250,8 @@ def test_low_disk_removes_the_old_checkpoint_first_or_refuses(tmp_path, monkeypa
     import collections
     import shutil
 
-    from dclens import checkpoint
-    from dclens.checkpoint import CheckpointSpaceError
+    from dclens.runs import checkpoint
+    from dclens.runs.checkpoint import CheckpointSpaceError
 
     store = CheckpointStore(tmp_path)
     store.save(1, arrays(1.0), {})

@@ -9,8 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from dclens import config as cfg
-from dclens import export
+from dclens.datalens import config as cfg
+from dclens.common import export
 from conftest import load_script
 
 cli = load_script("main")

@@ -1,4 +1,4 @@
-"""The authors' data-dependent RDP analysis (dclens/data_dependent.py): against the
+"""The authors' data-dependent RDP analysis (dclens/privacy/data_dependent.py): against the
 formulas computed by hand on small vote vectors, and never spent by a run."""
 
 import math
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from conftest import load_script, synthetic_fashion_mnist
 
-from dclens import data_dependent
-from dclens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
+from dclens.privacy import data_dependent
+from dclens.datalens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
                            TopAggConfig, TrainConfig)
-from dclens.train import DataLens
+from dclens.datalens.train import DataLens
 
 
 def _tail(gap: float, sigma: float) -> float:

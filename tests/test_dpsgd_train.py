@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from dclens import journal, sampled_ledger
+from dclens.runs import journal
+from dclens.privacy import sampled_ledger
 from dclens.dpsgd import train
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
-from dclens.rng import SeedTree
+from dclens.common.rng import SeedTree
 from conftest import load_script
 
 
@@ -193,7 +194,7 @@ def test_a_killed_run_resumes_and_counts_the_lost_steps(tiny_fmnist_dir, tmp_pat
     import keras
 
     # (model.keras holds the validation-chosen weights, so compare the final checkpoints.)
-    from dclens.checkpoint import CheckpointStore
+    from dclens.runs.checkpoint import CheckpointStore
 
     finals = [CheckpointStore(str(tmp_path / name / "checkpoints")).latest()
               for name in ("whole", "run")]
@@ -220,7 +221,7 @@ def test_a_redone_step_draws_a_fresh_poisson_sample():
 
 
 def test_a_resume_with_other_privacy_settings_is_refused(tiny_fmnist_dir, tmp_path):
-    from dclens import rundir
+    from dclens.runs import rundir
 
     config = _config(tiny_fmnist_dir, epochs=0.5)
     train.train_private_classifier(config, str(tmp_path / "run"), progress=False,
@@ -298,7 +299,7 @@ def test_a_run_made_before_a_setting_existed_resumes_at_its_default(tiny_fmnist_
                                                                     tmp_path):
     """config.json of an older dclens lacks lr_milestones / lr_decay: the run resumes
     (their defaults are what it did); asking for a schedule it did not have is refused."""
-    from dclens import rundir
+    from dclens.runs import rundir
 
     config = _config(tiny_fmnist_dir, epochs=0.5)
     train.train_private_classifier(config, str(tmp_path / "run"), progress=False,

@@ -7,8 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from dclens import accounting, export, run
-from dclens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
+from dclens.privacy import accounting
+from dclens.common import export
+from dclens.datalens import run
+from dclens.datalens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
 
 TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
 SIGMA, TOPK = 20.0, 50
@@ -130,7 +132,7 @@ def test_rerun_of_a_finished_run_reads_only_the_small_records(finished_run, tiny
         raise AssertionError("a finished run must not load data or teacher state")
 
     monkeypatch.setattr(run, "load_training_data", must_not_run)
-    monkeypatch.setattr("dclens.train.DataLens", must_not_run)
+    monkeypatch.setattr("dclens.datalens.train.DataLens", must_not_run)
     messages = []
     again = run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False,
                           log=messages.append)
@@ -222,7 +224,7 @@ def _grid_titles(monkeypatch) -> list[str]:
 
 def test_unproven_fetchsgd_accounting_is_marked_in_the_outputs(tiny_fmnist_dir, tmp_path,
                                                                monkeypatch):
-    from dclens.config import Aggregation, SketchAccounting
+    from dclens.datalens.config import Aggregation, SketchAccounting
 
     config = tiny_config(tiny_fmnist_dir, steps=1).replace(topagg={
         "method": Aggregation.FETCHSGD, "sketch_columns": 500,
@@ -253,7 +255,7 @@ def test_an_entropy_noised_proven_run_states_a_bare_epsilon(tiny_fmnist_dir, tmp
 def test_the_progress_bar_shows_no_noise_free_function_of_the_private_data():
     """Two steps that differ only in the teachers' loss (computed on private records, no
     noise) show the same progress fields; what is shown is released or public."""
-    from dclens.train import StepRecord
+    from dclens.datalens.train import StepRecord
 
     common = dict(step=3, epoch=0, queries=40, epsilon=0.5, student_loss=0.01,
                   pass_fraction=0.3, seconds=1.0)

@@ -1,4 +1,4 @@
-"""Downstream evaluation: protocols, inputs, domain-classifier IS/FID (dclens.evaluate)."""
+"""Downstream evaluation: protocols, inputs, domain-classifier IS/FID (dclens.evaluation.evaluate)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dclens import classifiers, data, evaluate, export, quality
+from dclens.evaluation import classifiers, evaluate, quality
+from dclens import data
+from dclens.common import export
 
 REAL_FMNIST = Path(data.DEFAULT_FASHION_MNIST_DIR)
 needs_fmnist = pytest.mark.skipif(

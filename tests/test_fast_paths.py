@@ -1,10 +1,10 @@
 """Fast paths equal the plain reference within float32 round-off.
 
-* :class:`dclens.fast_ensemble.FastTeacherEnsemble` (label maps folded out of the
+* :class:`dclens.datalens.fast_ensemble.FastTeacherEnsemble` (label maps folded out of the
   convolutions, grouped layout, real+fake in one pass, fused Adam) against
-  :class:`dclens.teachers.TeacherEnsemble` (itself tested against Keras in test_teachers.py):
+  :class:`dclens.datalens.teachers.TeacherEnsemble` (itself tested against Keras in test_teachers.py):
   logits, loss gradients, teacher updates, image gradients.
-* The streamed, disk-backed bank (:mod:`dclens.bank_stream`) against the bank in RAM, and
+* The streamed, disk-backed bank (:mod:`dclens.datalens.bank_stream`) against the bank in RAM, and
   the fused "train a chunk, then query it" generator step against training all teachers
   first and querying them afterwards.
 """
@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import bank_stream, data, networks, teachers
-from dclens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
-from dclens.fast_ensemble import FastTeacherEnsemble, same_padding_taps
-from dclens.profiling import PhaseTimer
-from dclens.train import DataLens, bank_location
+from dclens.datalens import bank_stream, networks, teachers
+from dclens import data
+from dclens.datalens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
+from dclens.datalens.fast_ensemble import FastTeacherEnsemble, same_padding_taps
+from dclens.common.profiling import PhaseTimer
+from dclens.datalens.build import bank_location
+from dclens.datalens.train import DataLens
 
 SHAPES = {
     "28x28x1": networks.ImageShape(28, 28, 1, 10),

@@ -5,7 +5,7 @@ import enum
 
 import pytest
 
-from dclens.field_checks import FieldChecks
+from dclens.common.field_checks import FieldChecks
 
 
 class Colour(enum.Enum):

@@ -46,7 +46,7 @@ def machine_signature() -> str:
     """What decides the float32 bits of a run here: CPU vector extensions, oneDNN, TF."""
     import tensorflow as tf
 
-    from dclens import teacher_conv
+    from dclens.datalens import teacher_conv
 
     flags = ""
     with contextlib.suppress(OSError):

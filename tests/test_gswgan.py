@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import journal
+from dclens.runs import journal
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps, train
 from dclens.gswgan.accounting import Accounting
 from dclens.gswgan.config import GswganConfig, GswganConfigError
-from dclens.rng import SeedTree
+from dclens.common.rng import SeedTree
 from conftest import load_script
 
 
@@ -355,7 +355,7 @@ def test_a_run_from_before_critic_updates_existed_resumes_only_as_keep(tmp_path)
     """Runs made before the setting kept the critic updates: a saved config without it
     means keep, so resuming it under the new default (discard) is refused by name, in
     the words of scripts/gswgan.py's own option (--run_dir)."""
-    from dclens import rundir
+    from dclens.runs import rundir
     from dclens.gswgan.config import CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS
 
     differences = rundir.differences_except(CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS)
@@ -398,7 +398,7 @@ def test_progress_and_grid_show_only_released_values_and_their_caveats(
     """The DP phase's bar shows epsilon and the released gradient norm, never the critic
     loss (computed on the drawn shard's private records, no noise); the grid's title and
     the TensorBoard epsilon curve name the accounting, and the title the seeded noise."""
-    from dclens import export
+    from dclens.common import export
 
     titles = []
     write = export.write_grid_png

@@ -1,7 +1,7 @@
 """The documented injection points of a DataLens run (used by the side-by-side harness).
 
 * explicit partitions (``DataLens(partitions=...)``), refused unless disjoint;
-* the random draws (:mod:`dclens.draws`): the default :class:`SeededDraws` reproduces the
+* the random draws (:mod:`dclens.datalens.draws`): the default :class:`SeededDraws` reproduces the
   run, an injected :class:`Draws` is used for every draw, per-coordinate stochastic-sign
   draws are restricted to the top-k exactly as a slow reference does;
 * the noise given to :meth:`TopAgg.release` and the round observer;
@@ -16,13 +16,14 @@ import pytest
 import tensorflow as tf
 from conftest import synthetic_fashion_mnist
 
-from dclens import data, topagg
-from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
+from dclens import data
+from dclens.datalens import topagg
+from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
                            TopAggConfig, TrainConfig)
-from dclens.draws import SeededDraws
-from dclens.rng import SeedTree
-from dclens.teacher_group import ClassGridFakes
-from dclens.train import DataLens
+from dclens.datalens.draws import SeededDraws
+from dclens.common.rng import SeedTree
+from dclens.datalens.teacher_group import ClassGridFakes
+from dclens.datalens.train import DataLens
 
 TEACHERS, RECORDS, BATCH = 4, 10, 5
 

@@ -1,4 +1,4 @@
-"""Tests for dclens.networks (Keras generator/discriminator) and dclens.config."""
+"""Tests for dclens.datalens.networks (Keras generator/discriminator) and dclens.datalens.config."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import keras
 import numpy as np
 import pytest
 
-from dclens import config as cfg
-from dclens import networks, teachers
-from dclens.accounting import Conversion
-from dclens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
+from dclens.datalens import config as cfg
+from dclens.datalens import networks, teachers
+from dclens.privacy.accounting import Conversion
+from dclens.datalens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
                            TopAggConfig, TrainConfig)
-from dclens.networks import ImageShape
+from dclens.datalens.networks import ImageShape
 
 MNIST_SHAPE = ImageShape(28, 28, 1, 10)
 CELEBA_SHAPE = ImageShape(64, 64, 3, 2)

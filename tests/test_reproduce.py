@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from dclens import accounting, reproduce
-from dclens import config as cfg
+from dclens.privacy import accounting
+from dclens.experiments import reproduce
+from dclens.datalens import config as cfg
 from conftest import load_script
 
 reproduce_cli = load_script("reproduce")
@@ -89,7 +90,7 @@ def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir,
                                                                 monkeypatch, capsys):
     """Also: provenance (commit, dirty tree) is taken before training starts, since the
     tree may move on during a run of hours."""
-    from dclens import run
+    from dclens.datalens import run
 
     seen, events = {}, []
 
@@ -207,7 +208,7 @@ def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_pa
     val/sen, resumes from its state file, and refuses what cannot be read."""
     import shutil
 
-    from dclens import authors_protocol
+    from dclens.evaluation import authors_protocol
 
     root, _ = tiny_report
     out, run = tmp_path / "report", tmp_path / "run"

@@ -13,10 +13,11 @@ import os
 import numpy as np
 import pytest
 
-from dclens import accounting, run
-from dclens.journal import JournalError, PrivacyJournal
-from dclens.draws import SeededDraws
-from dclens.train import DataLens
+from dclens.privacy import accounting
+from dclens.datalens import run
+from dclens.runs.journal import JournalError, PrivacyJournal
+from dclens.datalens.draws import SeededDraws
+from dclens.datalens.train import DataLens
 from conftest import snapshot
 from test_end_to_end import BATCH, SIGMA, TOPK, tiny_config
 

@@ -1,4 +1,4 @@
-"""The ledger of subsampled Gaussian steps (dclens/sampled_ledger.py): RDP against the
+"""The ledger of subsampled Gaussian steps (dclens/privacy/sampled_ledger.py): RDP against the
 closed form for integer orders, the joint noise multiplier, state, journal, calibration."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from dclens import journal, sampled_ledger
-from dclens.sampled_ledger import SampledGaussianLedger
+from dclens.runs import journal
+from dclens.privacy import sampled_ledger
+from dclens.privacy.sampled_ledger import SampledGaussianLedger
 
 ORDERS = [2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 16.0, 32.0]
 

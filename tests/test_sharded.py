@@ -1,4 +1,4 @@
-"""Sharded teachers (dclens/sharded.py, issue 17): a run whose teachers live in shard
+"""Sharded teachers (dclens/datalens/sharded.py, issue 17): a run whose teachers live in shard
 workers -- Ray actors, or the same workers in-process -- is bit for bit the in-process run
 (samples, epsilon curve, ledger); only sums over a shard's teachers reach the driver; a
 worker failure stops the run before anything of the round is released, with every spend
@@ -12,11 +12,11 @@ import os
 import numpy as np
 import pytest
 
-from dclens import run, sharded
-from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
+from dclens.datalens import run, sharded
+from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
                            TopAggConfig, TrainConfig)
-from dclens.journal import PrivacyJournal
-from dclens.shards import ShardPlanError
+from dclens.runs.journal import PrivacyJournal
+from dclens.datalens.shards import ShardPlanError
 
 TEACHERS, CHUNK, BATCH, G_STEP = 8, 2, 6, 2
 

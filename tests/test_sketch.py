@@ -1,4 +1,4 @@
-"""The count sketch of FetchSGD (dclens/sketch.py): linear, exact without collisions, and
+"""The count sketch of FetchSGD (dclens/datalens/sketch.py): linear, exact without collisions, and
 its computed sensitivity bounds one teacher's effect under adversarial swaps."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens.sketch import CountSketch
+from dclens.datalens.sketch import CountSketch
 
 
 def _slow_sketch(sketch: CountSketch, vector: np.ndarray) -> np.ndarray:

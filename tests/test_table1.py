@@ -1,4 +1,4 @@
-"""Table 1 across runs (dclens/table1.py, scripts/table1.py): which reports count, the
+"""Table 1 across runs (dclens/experiments/table1.py, scripts/table1.py): which reports count, the
 mean and sample standard deviation per protocol, the markdown section kept in place."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dclens import table1
+from dclens.experiments import table1
 from conftest import load_script
 
 

@@ -1,11 +1,12 @@
-"""The paper's analysis tables (dclens/tables.py, scripts/tables.py) on a tiny scale."""
+"""The paper's analysis tables (dclens/experiments/tables.py, scripts/tables.py) on a tiny scale."""
 
 import dataclasses
 import json
 
 import pytest
 
-from dclens import classifiers, evaluate, reproduce, tables
+from dclens.evaluation import classifiers, evaluate
+from dclens.experiments import reproduce, tables
 from conftest import load_script
 
 cli = load_script("tables")

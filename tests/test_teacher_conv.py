@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import teacher_conv, teacher_op
-from dclens.config import ConvPath, TrainConfig
+from dclens.datalens import teacher_conv, teacher_op
+from dclens.datalens.config import ConvPath, TrainConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 AVAILABLE = [ConvPath.PER_TEACHER] + (
@@ -173,7 +173,7 @@ def test_cli_environment_defaults_only_what_the_user_left_unset():
 
 
 def test_cli_environment_is_left_alone_once_tensorflow_is_imported(monkeypatch):
-    from dclens import tf_env
+    from dclens.common import tf_env
 
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     assert tf_env.prepare_cli_environment() == {}         # this process imported TF already

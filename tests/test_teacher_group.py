@@ -1,4 +1,4 @@
-"""Teacher groups (dclens/teacher_group.py): a run split into contiguous groups at
+"""Teacher groups (dclens/datalens/teacher_group.py): a run split into contiguous groups at
 multiples of teacher_chunk gives, summed, bit for bit the whole run's votes and the same
 trained teachers -- what a sharded run (one group per machine) relies on.  Also: a bank
 for a sub-range is initialised exactly as those rows of the whole bank."""
@@ -10,13 +10,13 @@ import pytest
 import tensorflow as tf
 
 from conftest import synthetic_fashion_mnist
-from dclens import networks, teachers
-from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, TopAggConfig,
+from dclens.datalens import networks, teachers
+from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, TopAggConfig,
                            TrainConfig)
-from dclens.profiling import PhaseTimer
-from dclens.rng import Stream
-from dclens.teacher_group import ClassGridFakes, TeacherGroup
-from dclens.train import DataLens
+from dclens.common.profiling import PhaseTimer
+from dclens.common.rng import Stream
+from dclens.datalens.teacher_group import ClassGridFakes, TeacherGroup
+from dclens.datalens.train import DataLens
 
 TEACHERS, CHUNK = 8, 2
 
@@ -92,7 +92,7 @@ def test_a_sub_range_bank_is_initialised_as_those_rows_of_the_whole_bank():
 @pytest.mark.parametrize("teachers_, shards, chunk", [(8, 2, 2), (8, 3, 2), (4000, 7, 250),
                                                       (10, 4, 3), (5, 5, 1)])
 def test_shard_plans_cover_the_run_at_chunk_boundaries(teachers_, shards, chunk):
-    from dclens.shards import plan_shards
+    from dclens.datalens.shards import plan_shards
 
     plan = plan_shards(teachers_, shards, chunk)
     assert [s.index for s in plan] == list(range(shards))
@@ -104,7 +104,7 @@ def test_shard_plans_cover_the_run_at_chunk_boundaries(teachers_, shards, chunk)
 
 
 def test_shard_plans_refuse_by_name():
-    from dclens.shards import ShardPlanError, plan_shards
+    from dclens.datalens.shards import ShardPlanError, plan_shards
 
     with pytest.raises(ShardPlanError, match="--shards 9 is more than the 8 teachers"):
         plan_shards(8, 9, 1)

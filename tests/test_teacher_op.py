@@ -1,6 +1,6 @@
 """The fused teacher-step op (ops/teacher_step_op.cc) against the plain reference ensemble.
 
-dclens.teachers.TeacherEnsemble (checked against Keras in test_teachers.py) is the slow,
+dclens.datalens.teachers.TeacherEnsemble (checked against Keras in test_teachers.py) is the slow,
 obviously correct reference.  The op computes the same math with other summation orders
 and FMA, so results agree within float32 round-off:
 
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import networks, teacher_op, teachers
-from dclens.fast_ensemble import FastTeacherEnsemble
-from dclens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
+from dclens.datalens import networks, teacher_op, teachers
+from dclens.datalens.fast_ensemble import FastTeacherEnsemble
+from dclens.datalens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
 
 RTOL_GRAD = 1e-4
 RTOL_LOSS = 1e-5

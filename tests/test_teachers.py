@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import networks, teachers
+from dclens.datalens import networks, teachers
 
 SHAPES = {
     "28x28x1": networks.ImageShape(28, 28, 1, 10),

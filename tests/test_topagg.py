@@ -1,4 +1,4 @@
-"""Tests for dclens.topagg: top-k (stochastic) sign voting, Gaussian noise, threshold.
+"""Tests for dclens.datalens.topagg: top-k (stochastic) sign voting, Gaussian noise, threshold.
 
 Strategy:
 
@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import accounting, topagg
-from dclens.accounting import Conversion, PrivacyLedger
-from dclens.config import Aggregation, TopAggConfig
+from dclens.privacy import accounting
+from dclens.datalens import topagg
+from dclens.privacy.accounting import Conversion, PrivacyLedger
+from dclens.datalens.config import Aggregation, TopAggConfig
 
 STOCH = Aggregation.TOPK_STOCHASTIC_SIGN
 SIGN = Aggregation.TOPK_SIGN
@@ -283,7 +284,7 @@ def test_summed_votes_is_not_fooled_by_tf_function_tracing():
 def test_summed_votes_stochastic_without_uniforms_raises_like_teacher_votes():
     # teacher_votes refuses the stochastic sign without uniforms; summed_votes is
     # documented to equal teacher_votes(...).sum(0), so it must refuse too.
-    # BUG (dclens/topagg.py, summed_votes): it replaces uniforms=None by zeros *before*
+    # BUG (dclens/datalens/topagg.py, summed_votes): it replaces uniforms=None by zeros *before*
     # looking at the method, so the stochastic sign silently votes with u = 0, i.e. +1 on
     # every top-k coordinate whose normalised value is > -1 (a heavily biased vote)
     # instead of raising.  This test fails until that is fixed.

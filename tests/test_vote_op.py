@@ -1,4 +1,4 @@
-"""Tests of the TopAgg custom op (ops/, dclens/vote_op.py) against the pure-TF reference.
+"""Tests of the TopAgg custom op (ops/, dclens/datalens/vote_op.py) against the pure-TF reference.
 
 Every case runs on each backend -- the pure-TF reference, the custom op's CPU kernel and
 its GPU kernel (skipped without a GPU and a CUDA build) -- and requires the *identical*
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dclens import topagg, vote_op
-from dclens.config import Aggregation, TopAggConfig
+from dclens.datalens import topagg, vote_op
+from dclens.datalens.config import Aggregation, TopAggConfig
 
 STOCH = Aggregation.TOPK_STOCHASTIC_SIGN
 SIGN = Aggregation.TOPK_SIGN
@@ -331,9 +331,9 @@ def fresh_loader(monkeypatch):
 
 
 def test_importing_dclens_does_not_load_the_library():
-    code = ("import dclens, dclens.topagg, dclens.vote_op as v\n"
-            "from dclens.config import TopAggConfig\n"
-            "dclens.topagg.TopAgg(TopAggConfig(), num_teachers=3)\n"
+    code = ("import dclens, dclens.datalens.topagg, dclens.datalens.vote_op as v\n"
+            "from dclens.datalens.config import TopAggConfig\n"
+            "dclens.datalens.topagg.TopAgg(TopAggConfig(), num_teachers=3)\n"
             "assert v.loaded_library() is None\n"
             "assert '_dclens_ops' not in open('/proc/self/maps').read()\n"
             "print('ok')\n")

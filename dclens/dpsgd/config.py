@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any
 
 from dclens import data
-from dclens.accounting import Conversion
-from dclens.field_checks import FieldChecks, is_finite_number
+from dclens.privacy.accounting import Conversion
+from dclens.common.field_checks import FieldChecks, is_finite_number
 from dclens.dpsgd.mechanisms import Method
 
 #: Where GEP's anchor images come from: ``held_out`` training images (removed from the

@@ -15,7 +15,7 @@ import glob
 import json
 import os
 
-from dclens.reporting import ReportError, copy_once, mean_sd, mean_sd_cell, write_marked_section
+from dclens.common.reporting import ReportError, copy_once, mean_sd, mean_sd_cell, write_marked_section
 
 BEGIN_MARK = "<!-- dpsgd:begin (written by scripts/dpsgd_report.py; edit outside the markers) -->"
 END_MARK = "<!-- dpsgd:end -->"

@@ -20,7 +20,7 @@ import json
 import os
 from typing import Any, Callable
 
-from dclens import export
+from dclens.common import export
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
 
 #: The settings a grid may vary (the optimisation, the mechanism's parameters, the

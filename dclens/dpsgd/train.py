@@ -8,7 +8,7 @@ One step t, on the private examples P (n of them, after the held-out images):
    two independently sampled mechanisms, and two releases on one shared sample cost more
    than that -- :func:`batch_for`);
 2. the step's event is **spent into the ledger and journaled on disk** before any noise
-   exists (the write-ahead journal of :mod:`dclens.journal`);
+   exists (the write-ahead journal of :mod:`dclens.runs.journal`);
 3. per-example gradients of S_t (vectorised), the method's clipping and compression,
    the sum, Gaussian noise keyed by (DP_NOISE, attempt, t), divided by B
    (:mod:`dclens.dpsgd.mechanisms`, :mod:`dclens.dpsgd.gep`);
@@ -22,7 +22,7 @@ out for them).  Held-out images are used without privacy; the guarantee is for a
 or removing one of the other n examples.
 The real test set is measured at every evaluation but never used to choose anything.
 
-A run directory has the layout of :mod:`dclens.rundir`: config.json, the journal
+A run directory has the layout of :mod:`dclens.runs.rundir`: config.json, the journal
 ledger.json, privacy.json, checkpoints/ (seed.json, ckpt-<step>), logs/ (TensorBoard),
 model.keras and report.json.  A killed run resumes from its last checkpoint; the journal
 keeps the spends of the steps it redoes (``lost``), which then draw fresh noise.
@@ -38,13 +38,15 @@ from typing import Callable
 
 import numpy as np
 
-from dclens import export, journal as journal_lib, rundir, sampled_ledger
-from dclens.checkpoint import CheckpointStore
+from dclens.common import export
+from dclens.runs import journal as journal_lib, rundir
+from dclens.privacy import sampled_ledger
+from dclens.runs.checkpoint import CheckpointStore
 from dclens.dpsgd import gep as gep_lib
 from dclens.dpsgd import mechanisms, models, per_example
 from dclens.dpsgd.config import (CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records,
                                  learning_rate_selection)
-from dclens.rng import SeedTree, Stream
+from dclens.common.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
 
@@ -280,7 +282,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     """
     import tensorflow as tf
 
-    from dclens import evaluate
+    from dclens.evaluation import evaluate
 
     started = time.perf_counter()
     opened = rundir.open_run(config, run_dir, restart=restart,

@@ -37,9 +37,9 @@ import enum
 
 import dp_accounting
 
-from dclens import sampled_ledger
-from dclens.accounting import Conversion
-from dclens.sampled_ledger import Sampling
+from dclens.privacy import sampled_ledger
+from dclens.privacy.accounting import Conversion
+from dclens.privacy.sampled_ledger import Sampling
 
 
 class Accounting(enum.Enum):

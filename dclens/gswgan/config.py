@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dclens.accounting import Conversion
-from dclens.field_checks import FieldChecks
+from dclens.privacy.accounting import Conversion
+from dclens.common.field_checks import FieldChecks
 from dclens.gswgan.accounting import Accounting, CriticUpdates
 
 #: Settings a resumed run may change (they do not touch what the ledger means).
@@ -23,7 +23,7 @@ CHANGEABLE_ON_RESUME = frozenset({"checkpoint_every", "log_every", "warm_chunk",
 
 
 #: Settings added with a default that differs from what earlier runs did, and the value a
-#: saved config without them had (:func:`dclens.rundir.differences_except`): runs made
+#: saved config without them had (:func:`dclens.runs.rundir.differences_except`): runs made
 #: before ``critic_updates`` existed kept the DP phase's critic updates.
 IMPLIED_BY_OLDER_RUNS = {"critic_updates": "keep"}
 

@@ -36,7 +36,7 @@ import os
 
 from dclens.gswgan.accounting import Accounting, CriticUpdates, is_proven
 from dclens.gswgan.config import IMPLIED_BY_OLDER_RUNS, GswganConfig
-from dclens.reporting import ReportError, copy_once, write_marked_section
+from dclens.common.reporting import ReportError, copy_once, write_marked_section
 
 BEGIN_MARK = "<!-- gswgan:begin (written by scripts/gswgan_report.py; edit outside the markers) -->"
 END_MARK = "<!-- gswgan:end -->"

@@ -42,14 +42,16 @@ from typing import Callable
 
 import numpy as np
 
-from dclens import data, export, journal as journal_lib, rundir
-from dclens.accounting import HYPERPARAMETER_SELECTION, guarantee_label
-from dclens.checkpoint import CheckpointStore
+from dclens import data
+from dclens.common import export
+from dclens.runs import journal as journal_lib, rundir
+from dclens.privacy.accounting import HYPERPARAMETER_SELECTION, guarantee_label
+from dclens.runs.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
 from dclens.gswgan import models, steps
 from dclens.gswgan.config import (CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS, GswganConfig,
                                   GswganConfigError)
-from dclens.rng import SeedTree, Stream
+from dclens.common.rng import SeedTree, Stream
 
 FaultHook = Callable[[str, int], None]
 

@@ -1,7 +1,7 @@
 """Step-for-step parity of dclens with the authors' TF1 DataLens code.
 
 :func:`run_side_by_side` builds the authors' ``DCGAN`` (their ``model.py``, loaded by
-:mod:`dclens.parity.tf1_compat`) and a :class:`dclens.train.DataLens` on one small shared
+:mod:`dclens.parity.tf1_compat`) and a :class:`dclens.datalens.train.DataLens` on one small shared
 configuration, gives both **the same everything**, runs their ``train_together`` for a
 few generator steps and then dclens for as many, and compares them step by step.
 
@@ -20,8 +20,8 @@ What is shared, and how:
   one per coordinate; made float32-exact) and ``normal`` (the DP noise: their
   ``np.random.normal(votes, sigma)`` returns votes + sigma * n with n standard normal,
   float32-exact, from the harness' own generator) are recorded, and dclens replays them
-  through :class:`ReplayDraws` (the documented :mod:`dclens.draws` hook; the per-coordinate
-  uniforms are restricted to dclens' top-k with :func:`dclens.topagg.uniforms_in_topk_order`).
+  through :class:`ReplayDraws` (the documented :mod:`dclens.datalens.draws` hook; the per-coordinate
+  uniforms are restricted to dclens' top-k with :func:`dclens.datalens.topagg.uniforms_in_topk_order`).
 * **The fake batch of the teachers' step**: dclens runs with the authors' rendering
   (``fake_rendering=teacher_labels``).
 
@@ -49,11 +49,12 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from dclens import data, topagg
-from dclens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
+from dclens import data
+from dclens.datalens import topagg
+from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, FakeRendering,
                            TopAggConfig, TrainConfig)
 from dclens.parity import tf1_compat
-from dclens.train import DataLens
+from dclens.datalens.train import DataLens
 
 #: dclens teacher weight name -> the authors' variable (inside ``teacher<i>/``).
 TEACHER_NAMES = {
@@ -298,7 +299,7 @@ class NumpyDrawRecorder:
 
 
 class ReplayDraws:
-    """dclens' :class:`dclens.draws.Draws` that replays the authors' recorded draws."""
+    """dclens' :class:`dclens.datalens.draws.Draws` that replays the authors' recorded draws."""
 
     def __init__(self, steps: list[TheirStep]):
         self.steps = steps

@@ -1,0 +1,150 @@
+"""A contiguous group of a DataLens run's teachers: their data, bank and ensemble.
+
+Teachers [first, first + count) of a run of ``total`` teachers: their partitions (rows of
+the run's partition array), their weights and Adam state (:class:`dclens.datalens.teachers.
+TeacherBank`, initialised exactly as those rows of the whole run's bank), and the two
+things the student loop asks of them:
+
+* :meth:`TeacherGroup.train` -- step 2 of a generator step for these teachers, fused with
+  the first round's votes when a query is given;
+* :meth:`TeacherGroup.vote` -- the summed TopAgg votes (int32 [B, D]) of these teachers.
+
+An in-process run is one group of all its teachers.  Because the vote sum is a sum over
+teachers and every draw is keyed by the run's (global) teacher indices -- the teachers'
+initial weights by teacher, the stochastic sign's uniforms by the global first teacher of
+each chunk -- groups that split the run at multiples of ``teacher_chunk`` give, summed,
+bit for bit the votes of the whole run (tests/test_teacher_group.py).  That is what a
+sharded run needs; the group knows nothing of where it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from dclens.datalens import teachers, topagg as topagg_lib
+from dclens.datalens.bank_stream import ChunkStream
+from dclens.datalens.config import DataLensConfig
+from dclens.datalens.draws import Draws
+from dclens.common.profiling import PhaseTimer
+
+
+class ClassGridFakes:
+    """Teachers' fake batches from the class grid (``FakeRendering.CLASS_GRID``).
+
+    ``grid`` is G(z_j, c) for every class c, [K, B, H, W, C]; teacher i's fake image j is
+    entry (y_ij, j), y_ij the label of its j-th real record.  Called as
+    ``fakes(first_teacher, real_labels [T, B])`` -> [T, B, H, W, C].  The grid depends on
+    the generator and z only, so it is what a shard worker is sent (not per-teacher fakes).
+    """
+
+    def __init__(self, grid):
+        self.grid = grid
+
+    def __call__(self, first_teacher: int, real_labels: np.ndarray) -> tf.Tensor:
+        del first_teacher
+        position = np.broadcast_to(np.arange(real_labels.shape[1]), real_labels.shape)
+        return tf.gather_nd(self.grid, tf.stack([real_labels, position], axis=-1))
+
+
+class TeacherGroup:
+    """Teachers [first, first + count) of a run (module docstring).
+
+    Args:
+      config: the run's configuration.
+      images, labels: the private training records (float32 NHWC, int64).
+      partitions: this group's rows of the run's partition array, int [count, m].
+      first, total: the group's first teacher and the run's number of teachers.
+      bank_seed: the run's teacher-initialisation seed.
+      ensemble: the teacher ensemble implementation (fast or reference).
+      topagg: the run's :class:`dclens.datalens.topagg.TopAgg` (the vote rule).
+      draws: the run's random draws (stochastic-sign uniforms).
+      one_hot: labels -> float32 one-hot.
+      bank_dir, resident_rows: where the bank lives (None: RAM) and how many rows stay
+        in RAM.
+      timer, overlap_io: profiling and background I/O of the chunk stream.
+    """
+
+    def __init__(self, config: DataLensConfig, images: np.ndarray, labels: np.ndarray,
+                 partitions: np.ndarray, *, first: int, total: int, bank_seed: int,
+                 ensemble, topagg: topagg_lib.TopAgg, draws: Draws,
+                 one_hot: Callable[[tf.Tensor], tf.Tensor], layout: teachers.ParamLayout,
+                 bank_dir: str | None, resident_rows: int, timer: PhaseTimer,
+                 overlap_io: bool):
+        self.config, self.images, self.labels = config, images, labels
+        self.partitions = partitions
+        self.first, self.total = first, total
+        self.ensemble, self.topagg, self.draws, self.one_hot = ensemble, topagg, draws, one_hot
+        self.timer, self.overlap_io = timer, overlap_io
+        self.bank = teachers.TeacherBank.create(
+            layout, len(partitions), seed=bank_seed, directory=bank_dir,
+            resident_rows=resident_rows, first_teacher=first, total_teachers=total)
+        self.dim = int(np.prod(images.shape[1:]))
+
+    def _stream(self, *, with_adam: bool) -> ChunkStream:
+        return ChunkStream(self.bank, self.config.train.teacher_chunk, with_adam=with_adam,
+                           timer=self.timer, overlap=self.overlap_io)
+
+    def _chunk_votes(self, weights: tf.Tensor, start: int, images: tf.Tensor,
+                     labels: tf.Tensor, step: int, round_index: int) -> tf.Tensor:
+        """Summed votes int32 [B, D] of the chunk whose first (group) teacher is ``start``."""
+        with self.timer.phase("image_gradients"):
+            grads = self.ensemble.image_gradients(weights, images, labels)
+        with self.timer.phase("voting"):
+            uniforms = None
+            count = self.topagg.uniform_count(self.dim)
+            if count:
+                flat = tf.reshape(grads, (grads.shape[0], grads.shape[1], -1))
+                uniforms = self.draws.sign_uniforms(step, round_index, self.first + start,
+                                                    flat, count)
+            return self.topagg.vote_sum(grads, uniforms=uniforms)
+
+    def train(self, *, step: int, num_steps: int, columns: slice,
+              chunk_fakes: Callable[[int, np.ndarray], tf.Tensor],
+              query: tuple[tf.Tensor, tf.Tensor] | None = None
+              ) -> tuple[np.ndarray, tf.Tensor | None]:
+        """``num_steps`` Adam steps of every teacher of the group on its real batch
+        (partition ``columns``) and fake batch (``chunk_fakes(first teacher of the chunk
+        in the run, real labels [T, B])``), fused with round 0's votes on ``query``.
+
+        Returns (every teacher's loss, the group's summed votes on ``query`` or None).
+        """
+        losses, total = [], None
+        with self._stream(with_adam=True) as stream:
+            for chunk in stream:
+                records = self.partitions[chunk.start:chunk.stop, columns]
+                real = tf.constant(self.images[records])
+                real_labels = self.labels[records]
+                fake = chunk_fakes(self.first + chunk.start, real_labels)
+                labels = self.one_hot(real_labels)
+                with self.timer.phase("teacher_training"):
+                    if getattr(self.ensemble, "can_train_in_place", None) and \
+                            self.ensemble.can_train_in_place(chunk.state):
+                        # the chunk's arrays are overwritten: no copy of the state in or out
+                        loss = self.ensemble.train_in_place(chunk.state, real, labels, fake,
+                                                            labels, num_steps=num_steps)
+                        state = chunk.state._replace(
+                            steps=np.asarray(chunk.state.steps) + num_steps)
+                    else:
+                        state, loss = self.ensemble.train(chunk.state, real, labels, fake,
+                                                          labels, num_steps=num_steps)
+                    losses.append(np.asarray(loss))
+                stream.write_back(chunk, state)
+                if query is not None:
+                    votes = self._chunk_votes(state.weights, chunk.start, *query, step, 0)
+                    total = votes if total is None else total + votes
+        return np.concatenate(losses), total
+
+    def vote(self, images: tf.Tensor, labels: tf.Tensor, *, step: int,
+             round_index: int) -> tf.Tensor:
+        """Summed votes of the group's teachers for a fake batch (int32 [B, D])."""
+        total = None
+        with self._stream(with_adam=False) as stream:
+            for chunk in stream:
+                # the chunk's arrays stay valid until the next iteration: no copy needed
+                votes = self._chunk_votes(chunk.state.weights, chunk.start, images, labels,
+                                          step, round_index)
+                total = votes if total is None else total + votes
+        return total

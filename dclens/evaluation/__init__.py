@@ -1,0 +1,2 @@
+"""Evaluating synthetic data: downstream classifiers (val / sen protocols and the authors'
+protocol), FID and label agreement."""

@@ -1,0 +1,373 @@
+"""What a run directory (``--checkpoint_dir``) holds, and whether a new command may use it.
+
+Layout::
+
+    <run>/config.json          the resolved configuration (written first: marks a dclens run)
+    <run>/ledger.json          the write-ahead privacy journal (dclens.runs.journal)
+    <run>/privacy.json         the privacy report, rewritten after every step
+    <run>/checkpoints/         PRIVATE: seed.json (the root seed, hence the DP noise) and
+                               ckpt-<step>/ (teachers, generator, optimizer, state)
+    <run>/logs/                TensorBoard
+    <run>/generator.keras, samples.npz, samples.png, eps-*.data-*.pkl   the outputs
+
+A command given an existing run directory resumes it, provided every setting matches the
+saved one except those in :data:`CHANGEABLE_ON_RESUME`; otherwise it is refused with the
+differing settings named.  ``--restart`` renames the old directory to
+``<run>.old-<timestamp>`` (never deletes it) and starts over.  :func:`plan_run` decides and
+changes nothing (it probes writability with an anonymous temporary file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+import time
+from typing import Any, Callable, Mapping
+
+from dclens.datalens.config import DataLensConfig
+
+# Settings that may differ between the saved run and a resuming command.
+CHANGEABLE_ON_RESUME = frozenset({"train.epochs", "train.teacher_chunk", "train.num_samples",
+                                  "train.save_votes",
+                                  "train.conv_path", "budget.max_eps"})
+# Settings whose change would alter what the ledger means (named as such in refusals).
+PRIVACY_RELEVANT = frozenset({
+    "topagg.sigma", "topagg.topk", "topagg.thresh", "topagg.max_grad", "topagg.method",
+    "topagg.klevel",
+    "train.num_teachers", "train.dataset", "train.data_dir", "train.max_records",
+    "train.partition_seed", "train.balanced_partition", "train.batch_size", "train.g_step",
+    "train.non_private", "train.seed", "budget.delta", "budget.conversion",
+    "budget.max_order"})
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used for this run (nothing was changed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """The files of a run directory."""
+
+    root: str
+
+    def _join(self, *names: str) -> str:
+        return os.path.join(self.root, *names)
+
+    @property
+    def config(self) -> str:
+        return self._join("config.json")
+
+    @property
+    def journal(self) -> str:
+        return self._join("ledger.json")
+
+    @property
+    def privacy(self) -> str:
+        return self._join("privacy.json")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._join("checkpoints")
+
+    @property
+    def seed(self) -> str:
+        return self._join("checkpoints", "seed.json")
+
+    @property
+    def logs(self) -> str:
+        return self._join("logs")
+
+
+class Mode(enum.Enum):
+    FRESH = "fresh"
+    RESUME = "resume"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What :func:`plan_run` decided: start fresh (after setting an old run aside) or resume."""
+
+    mode: Mode
+    paths: RunPaths
+    set_aside: bool = False
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"epochs": 3}} -> {"train.epochs": 3}."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, saved value, new value) for every setting that differs, sorted by name."""
+    old, now = flatten(saved), flatten(new)
+    return [(name, old.get(name), now.get(name)) for name in sorted(set(old) | set(now))
+            if old.get(name) != now.get(name)]
+
+
+def with_defaults_for_missing(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with every setting it lacks filled in with today's default.
+
+    A run directory written by an older dclens has no entry for a setting added since. Every
+    setting is added with a default that reproduces what dclens did before it existed (the
+    rule for new settings), so a missing entry means that default, and the run resumes as
+    long as the new setting is left at it. A setting passed at a non-default value still
+    differs and is refused by name.
+    """
+    defaults = flatten(DataLensConfig().to_dict())
+    filled = dict(flatten(saved))
+    for name, value in defaults.items():
+        filled.setdefault(name, value)
+    return _unflatten(filled)
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for name, value in flat.items():
+        *sections, key = name.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    return nested
+
+
+def resume_differences(saved: dict[str, Any], config: DataLensConfig
+                       ) -> list[tuple[str, Any, Any]]:
+    """The settings that keep a saved run from being continued (or evaluated) as ``config``:
+    every difference except the performance-only settings of CHANGEABLE_ON_RESUME, with
+    settings the saved run predates taken at their defaults."""
+    return [d for d in config_differences(with_defaults_for_missing(saved), config.to_dict())
+            if d[0] not in CHANGEABLE_ON_RESUME]
+
+
+def describe_differences(differences: list[tuple[str, Any, Any]]) -> str:
+    """'name (privacy-relevant): saved X, now Y; ...'."""
+    parts = []
+    for name, old, new in differences:
+        tag = " (privacy-relevant)" if name in PRIVACY_RELEVANT else ""
+        parts.append(f"{name}{tag}: saved {old!r}, now {new!r}")
+    return "; ".join(parts)
+
+
+def _check_writable(path: str, flag: str = "--checkpoint_dir") -> None:
+    """The nearest existing ancestor must be a folder we can create files in (probed)."""
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise RunDirError(f"{flag} {path!r} cannot be created: {ancestor!r} is a "
+                          "file, not a directory; choose another path")
+    try:   # os.access says yes to root even on read-only mounts: really try
+        with tempfile.TemporaryFile(dir=ancestor, prefix=".dclens-probe-"):
+            pass
+    except OSError as error:
+        raise RunDirError(f"{flag} {path!r} is not writable (cannot create a file "
+                          f"in {ancestor!r}: {error.strerror}); choose a writable "
+                          "directory") from error
+
+
+def read_saved_config(paths: RunPaths) -> dict[str, Any]:
+    """The ``config`` section of a run's config.json."""
+    try:
+        with open(paths.config) as stream:
+            return json.load(stream)["config"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RunDirError(f"{paths.config} cannot be read ({error}); the run directory is "
+                          "damaged: pass --restart to set it aside and start over") from error
+
+
+def plan_run(config, output_dir: str, *, restart: bool = False,
+             differences_of=None, flag: str = "--checkpoint_dir") -> RunPlan:
+    """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
+
+    ``config``: a :class:`DataLensConfig`, or any config with ``to_dict()`` together with
+    ``differences_of(saved_dict, config)`` listing the settings that forbid resuming
+    (default: :func:`resume_differences`, DataLens' rule).  ``flag``: the command-line
+    option that named ``output_dir``, as the messages quote it.
+
+    Raises:
+      RunDirError: the path is a file or not writable; the folder holds something that is
+        not a dclens run; or it holds a run whose settings differ (named in the message).
+    """
+    paths = RunPaths(output_dir)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirError(f"{flag} {output_dir!r} exists and is not a directory; "
+                          "choose another path")
+    _check_writable(output_dir, flag)
+    if not os.path.isdir(output_dir) or not os.listdir(output_dir):
+        return RunPlan(Mode.FRESH, paths)
+    if restart:
+        return RunPlan(Mode.FRESH, paths, set_aside=True)
+    if not os.path.exists(paths.config):
+        found = sorted(os.listdir(output_dir))
+        raise RunDirError(
+            f"{flag} {output_dir!r} is not empty and is not a dclens run (it holds "
+            f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
+            "empty directory, or pass --restart to move it aside (nothing was changed)")
+    differences = (differences_of or resume_differences)(read_saved_config(paths), config)
+    if differences:
+        raise RunDirError(
+            f"{flag} {output_dir!r} holds a run with other settings, so it cannot "
+            f"be resumed: {describe_differences(differences)}. Resume with the saved "
+            f"settings (see "
+            f"{paths.config}), choose a new {flag}, or pass --restart to set the "
+            "old run aside and start over (nothing was changed)")
+    return RunPlan(Mode.RESUME, paths)
+
+
+def root_seed(plan: RunPlan, seed: int | None) -> int:
+    """The run's root seed: the saved one when resuming, else ``seed`` (--seed), else fresh
+    OS entropy.  Refuses a resume whose seed file is gone but whose journal records spends
+    (its noise could not be drawn afresh consistently)."""
+    from dclens.common.rng import entropy_seed
+
+    resuming = plan.mode is Mode.RESUME
+    if resuming and os.path.exists(plan.paths.seed):
+        with open(plan.paths.seed, encoding="utf-8") as stream:
+            return int(json.load(stream)["root_seed"])
+    if resuming and os.path.exists(plan.paths.journal):
+        raise RunDirError(f"{plan.paths.seed} is missing but {plan.paths.journal} records "
+                          "spends: the run cannot be resumed; pass --restart")
+    return seed if seed is not None else entropy_seed()
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """Where a resumed loop stands: its step, curves, whether it had finished, the
+    journaled spends the crash lost (still counted), and the checkpoint's own state
+    (empty without a checkpoint) for what a trainer saved beside these."""
+
+    start: int
+    curves: list
+    finished: bool
+    lost: list
+    state: dict = dataclasses.field(default_factory=dict)
+
+
+def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> Restored:
+    """Loads the newest complete checkpoint of ``store`` (``load(checkpoint.load_array)``
+    restores the model) and marks the journal's spends after it as lost.  Refuses a
+    checkpoint written under another root seed.  No checkpoint: step 0, all spends lost."""
+    store.remove_partial()
+    latest = store.latest()
+    start, curves, entries, finished, state = 0, [], 0, False, {}
+    if latest is not None:
+        if latest.state["root_seed"] != root_seed:
+            raise RunDirError(f"{latest.path} was written with another root seed than "
+                              f"{seed_path}: the run is damaged; --restart")
+        load(latest.load_array)
+        start, curves = latest.step, list(latest.state["curves"])
+        entries = latest.state["journal_entries"]
+        finished = bool(latest.state.get("finished"))
+        state = dict(latest.state)
+    lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=start)
+    return Restored(start, curves, finished, lost, state)
+
+
+def differences_except(changeable: frozenset[str],
+                       implied: Mapping[str, Any] | None = None):
+    """A ``differences_of`` for :func:`plan_run` over flat ``to_dict()`` configs that lets
+    the settings in ``changeable`` differ on resume.
+
+    A setting the saved config lacks was added after the run was made; its default is
+    what dclens did before it existed (the rule for new settings), so it counts as equal
+    when the new config leaves it at that default.  ``implied`` names the exceptions: a
+    setting added with a default that is *not* what dclens did before (a safer
+    behaviour made the default), mapped to the value older runs had; a saved config that
+    lacks it has that value, and a resume at any other is refused by name.
+    """
+    implied = dict(implied or {})
+
+    def differences(saved: dict[str, Any], config) -> list[tuple[str, Any, Any]]:
+        defaults = _defaults_of(config)
+        out = []
+        for name, old, new in config_differences(saved, config.to_dict()):
+            if name in changeable:
+                continue
+            if name not in saved and name in implied:
+                if implied[name] != new:
+                    out.append((name, implied[name], new))
+                continue
+            if name not in saved and name in defaults and defaults[name] == new:
+                continue
+            out.append((name, old, new))
+        return out
+    return differences
+
+
+def _defaults_of(config) -> dict[str, Any]:
+    """The flat ``to_dict()`` of the config class's defaults ({} if it has none)."""
+    try:
+        return type(config)().to_dict()
+    except (TypeError, ValueError):
+        return {}
+
+
+def set_aside(output_dir: str) -> str:
+    """Renames ``output_dir`` to ``<output_dir>.old-<timestamp>[-n]``; returns the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{os.path.normpath(output_dir)}.old-{stamp}"
+    target, n = base, 1
+    while os.path.exists(target):
+        target, n = f"{base}-{n}", n + 1
+    os.rename(output_dir, target)
+    return target
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedRun:
+    """A run directory ready for a trainer: its paths, whether it resumes, its root seed."""
+
+    paths: RunPaths
+    resuming: bool
+    root_seed: int
+
+
+def write_seed(paths: RunPaths, root_seed: int, *, seeded: bool) -> None:
+    """checkpoints/seed.json: the root seed a resume must reuse (PRIVATE: it fixes the DP
+    noise); ``seeded`` says it came from --seed rather than OS entropy."""
+    from dclens.common import export
+
+    export.write_json(paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
+
+
+def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[str],
+             log: Callable[[str], None],
+             implied: Mapping[str, Any] | None = None) -> OpenedRun:
+    """:func:`plan_run` for a flat ``to_dict()`` config (settings in ``changeable`` may
+    differ on resume; ``implied``: :func:`differences_except`), the old run set aside
+    under ``restart``, and the root seed (:func:`root_seed` from ``config.seed``).  Used
+    by the trainers beside DataLens'."""
+    plan = plan_run(config, output_dir, restart=restart,
+                    differences_of=differences_except(changeable, implied), flag="--run_dir")
+    if plan.set_aside:
+        log(f"set the old run aside: {set_aside(output_dir)}")
+    return OpenedRun(plan.paths, plan.mode is Mode.RESUME, root_seed(plan, config.seed))
+
+
+def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, Any],
+                     ledger):
+    """A fresh run's files, in the order that keeps a crash safe: config.json (marks the
+    folder a dclens run), the PRIVATE seed file, and an empty write-ahead journal over
+    ``ledger``, which is returned (``dclens.runs.journal.PrivacyJournal``)."""
+    from dclens.common import export
+    from dclens.runs import journal as journal_lib
+
+    paths = opened.paths
+    os.makedirs(paths.checkpoints, exist_ok=True)
+    export.write_json(paths.config, {"config": config.to_dict(), "kind": kind, **facts,
+                                     "reproducible_noise": config.seed is not None})
+    write_seed(paths, opened.root_seed, seeded=config.seed is not None)
+    journal = journal_lib.PrivacyJournal(paths.journal, ledger)
+    journal.write()
+    return journal
