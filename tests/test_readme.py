@@ -1,9 +1,10 @@
-"""Every command the README shows is runnable as written.
+"""Every command README.md and the pages under docs/ show is runnable as written.
 
-Commands are taken from the README's ```bash blocks, its 4-space indented lines and its
+Commands are taken from each page's ```bash blocks, its 4-space indented lines and its
 inline code spans that start with ``python scripts/`` or ``bash scripts/``.  Cheap ones
 (``scripts/privacy.py``) run in full; for the others the script's own parser and, for
 main.py, its flag -> config resolution must accept the arguments (no training here).
+Relative links between the pages must point at files (and headings) that exist.
 """
 
 import contextlib
@@ -17,10 +18,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
 
 
-def readme_commands() -> list[str]:
-    text = README.read_text()
+def page_commands(page: pathlib.Path) -> list[str]:
+    text = page.read_text()
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         lines += block.replace("\\\n", " ").splitlines()
@@ -35,7 +37,13 @@ def readme_commands() -> list[str]:
     return sorted(set(commands))
 
 
+def readme_commands() -> list[str]:
+    return page_commands(README)
+
+
 COMMANDS = readme_commands()
+CASES = [(page.relative_to(ROOT).as_posix(), command)
+         for page in PAGES for command in page_commands(page)]
 
 
 def _script(name: str):
@@ -53,30 +61,66 @@ def test_readme_has_the_commands_it_promises():
     assert any(c.startswith("python scripts/privacy.py") for c in COMMANDS)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_is_accepted(command):
+def test_every_docs_page_is_collected():
+    assert len(PAGES) > 1, "no docs/*.md pages found"
+    pages_with_commands = {page for page, _ in CASES}
+    assert "README.md" in pages_with_commands
+
+
+@pytest.mark.parametrize("page, command", CASES,
+                         ids=[f"{page}: {command}" for page, command in CASES])
+def test_page_command_is_accepted(page, command):
     tokens = shlex.split(command, comments=True)
     while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", tokens[0]):     # VAR=value prefixes
         tokens = tokens[1:]
+    where = f"{page}: {command}"
     if tokens[0] == "bash":
-        assert (ROOT / tokens[1]).is_file(), command
+        assert (ROOT / tokens[1]).is_file(), where
         return
-    assert tokens[0] == "python", command
+    assert tokens[0] == "python", where
     if tokens[1] == "-m":
-        assert tokens[2] == "pytest", command
+        assert tokens[2] == "pytest", where
         return
-    assert (ROOT / tokens[1]).is_file(), f"{command}: no such script"
+    assert (ROOT / tokens[1]).is_file(), f"{where}: no such script"
     module = _script(tokens[1])
     argv = tokens[2:]
     if tokens[1] == "scripts/privacy.py":
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            assert module.main(argv) == 0, command
+            assert module.main(argv) == 0, where
         assert "epsilon" in out.getvalue() or "sigma" in out.getvalue()
         return
     try:
         args = module.build_parser().parse_args(argv)
     except SystemExit as error:          # argparse refused the arguments
-        pytest.fail(f"{command}: refused by its parser (exit {error.code})")
+        pytest.fail(f"{where}: refused by its parser (exit {error.code})")
     if tokens[1] == "scripts/main.py":
         module.resolve(args)             # flag values -> a valid config
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+    """GitHub's anchors for the headings of a markdown page (code blocks skipped)."""
+    text = re.sub(r"^ *```.*?^ *```", "", page.read_text(), flags=re.S | re.M)
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_page_links_resolve(page):
+    text = re.sub(r"^ *```.*?^ *```", "", page.read_text(), flags=re.S | re.M)
+    broken = []
+    for target in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):                     # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or ROOT not in (linked, *linked.parents):
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: broken links {broken}"
