@@ -12,6 +12,7 @@ from dclens.privacy import accounting
 from dclens.runs import rundir
 from dclens.runs.checkpoint import CheckpointError, CheckpointStore
 from dclens.datalens.config import demo_preset
+from dclens.datalens.run import plan_datalens_run
 from dclens.runs.journal import JournalError, PrivacyJournal
 
 
@@ -198,16 +199,16 @@ def test_config_differences_name_every_setting():
 
 def test_plan_for_new_empty_and_foreign_directories(tmp_path):
     config = demo_preset()
-    assert rundir.plan_run(config, str(tmp_path / "new")).mode is rundir.Mode.FRESH
+    assert plan_datalens_run(config, str(tmp_path / "new")).mode is rundir.Mode.FRESH
     assert not (tmp_path / "new").exists()
     (tmp_path / "empty").mkdir()
-    assert rundir.plan_run(config, str(tmp_path / "empty")).mode is rundir.Mode.FRESH
+    assert plan_datalens_run(config, str(tmp_path / "empty")).mode is rundir.Mode.FRESH
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "model.ckpt").write_text("tf1")
     with pytest.raises(rundir.RunDirError, match="is not empty and is not a dclens run "
                                                  r"\(it holds model.ckpt\)"):
-        rundir.plan_run(config, str(tmp_path / "foreign"))
-    plan = rundir.plan_run(config, str(tmp_path / "foreign"), restart=True)
+        plan_datalens_run(config, str(tmp_path / "foreign"))
+    plan = plan_datalens_run(config, str(tmp_path / "foreign"), restart=True)
     assert plan.mode is rundir.Mode.FRESH and plan.set_aside
 
 
@@ -224,15 +225,15 @@ def test_a_run_from_an_older_dclens_resumes_when_new_settings_stay_at_their_defa
     del older["topagg"]["klevel"]
     run = str(tmp_path / "run")
     _write_config(run, older)
-    assert rundir.plan_run(config, run).mode is rundir.Mode.RESUME
+    assert plan_datalens_run(config, run).mode is rundir.Mode.RESUME
     # The same missing setting at a non-default value is a real difference, named.
     changed = config.replace(topagg={"klevel": 8})
     with pytest.raises(rundir.RunDirError, match=r"topagg.klevel \(privacy-relevant\): "
                                                  r"saved 4, now 8"):
-        rundir.plan_run(changed, run)
+        plan_datalens_run(changed, run)
     # A setting the older run did record is compared as before.
     with pytest.raises(rundir.RunDirError, match=r"topagg.sigma"):
-        rundir.plan_run(config.replace(topagg={"sigma": 1.0}), run)
+        plan_datalens_run(config.replace(topagg={"sigma": 1.0}), run)
 
 
 def test_set_aside_never_overwrites(tmp_path):

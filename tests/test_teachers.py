@@ -154,7 +154,7 @@ def test_teachers_are_independent():
 def test_bank_initialisation_distinct_and_seeded(tmp_path):
     shape = SHAPES["28x28x1"]
     layout = teachers.ParamLayout.for_shape(shape)
-    assert layout.size == 555_655  # ~555k parameters per 28x28 teacher (DESIGN.md)
+    assert layout.size == 555_655  # ~555k parameters per 28x28 teacher (docs/design.md)
     bank = teachers.TeacherBank.create(layout, 4, seed=7, directory=tmp_path)
     again = teachers.TeacherBank.create(layout, 4, seed=7)
     np.testing.assert_array_equal(bank.weights, again.weights)

@@ -7,7 +7,7 @@ sets two variables, each only where the user has not set it already:
 * ``TF_ENABLE_ONEDNN_OPTS=1``.  TF turns its oneDNN CPU kernels on by default only on
   some CPUs (AVX-512-class); on others (e.g. AVX2-only EPYCs) they are off.  dclens runs
   either way (:mod:`dclens.datalens.teacher_conv` picks a convolution path that works), but oneDNN
-  makes the teachers' training about 1.5x faster on an AVX2 EPYC (README, "Performance").
+  makes the teachers' training about 1.5x faster on an AVX2 EPYC (docs/performance.md).
   ``TF_ENABLE_ONEDNN_OPTS=0 python scripts/main.py ...`` turns it off.
 * ``TF_CPP_MIN_LOG_LEVEL=3``: TF's C++ logs stay quiet (on a CPU-only machine they
   include ``failed call to cuInit``, which is harmless but reads like a failure).  Errors

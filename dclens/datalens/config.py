@@ -5,7 +5,7 @@ to the run's outputs (``config.json``).  Validation happens at construction, so 
 value fails before any data is read or any file is written, with a message that quotes
 the value and says what to do.
 
-The paper presets (authors' README, DESIGN.md section 1) are available through
+The paper presets (authors' README, docs/design.md) are available through
 :func:`paper_preset`; :func:`demo_preset` is the small Fashion-MNIST run that the
 command-line tool uses by default on a 2-core machine.
 """
@@ -432,7 +432,7 @@ class DataLensConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-# Paper configurations (authors' README; DESIGN.md section 1).  All: d_step 2,
+# Paper configurations (authors' README; docs/design.md).  All: d_step 2,
 # c = 1e-5, stochastic sign, batch 30 (cut to the partition size).
 _PAPER_PRESETS: dict[tuple[str, int], dict[str, dict[str, Any]]] = {
     ("mnist", 1): {"train": {"num_teachers": 4000, "z_dim": 50},
@@ -482,7 +482,7 @@ def paper_preset(dataset: str, eps: int) -> DataLensConfig:
 def demo_preset() -> DataLensConfig:
     """A Fashion-MNIST run sized for a 2-core CPU in about ten minutes.
 
-    See README ("The default run") for why it differs from the paper configs: with few
+    See docs/training.md ("The default run") for why it differs from the paper configs: with few
     teachers the vote sum is small, so the noise has to be small too, and the budget is
     far larger than the paper's.
     """

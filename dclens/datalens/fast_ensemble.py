@@ -29,7 +29,7 @@ round-off, tests/test_fast_paths.py):
    v += (g^2 - v)(1 - beta2), w -= alpha_t * m / (sqrt(v) + eps).  It needs one step count
    for the whole chunk (always true in a run); mixed counts fall back to the tensor formula.
 
-Measured effects (scripts/bench.py, README "Performance") decide what is kept here.
+Measured effects (scripts/bench.py, docs/performance.md) decide what is kept here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The conditional DCGAN generator and teacher discriminator of DataLens as Keras 3 models.
 
-Architecture (DESIGN.md section 1, the DCGAN-tensorflow conditional variant used by the
+Architecture (docs/design.md, the DCGAN-tensorflow conditional variant used by the
 authors): labels are one-hot and concatenated to the input, to every hidden feature map
 (broadcast over height and width) and to the dense layers.  Batch normalisation uses
 epsilon 1e-5 and momentum 0.9; weights are initialised from N(0, 0.02) (truncated for

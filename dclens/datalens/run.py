@@ -39,7 +39,7 @@ from dclens import data
 from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.datalens import networks  # noqa: F401  (registers the generator's custom layer)
-from dclens.datalens import sharded, teacher_conv
+from dclens.datalens import resume, sharded, teacher_conv
 from dclens.datalens.build import bank_location, image_shape_of, load_training_data
 from dclens.datalens.config import DataLensConfig, SaveVotes
 from dclens.datalens.sample import generator_function, sample_generator
@@ -73,6 +73,13 @@ DATA_DEPENDENT_PARTITION_WARNING = (
     "records between teachers and the 2 sqrt(k) sensitivity does not hold; the reported "
     "epsilon is NOT a guarantee (privacy.json says accounting_proven: false). The default "
     "partition (--noshuffle) is data-independent.")
+
+
+def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False):
+    """:func:`dclens.runs.rundir.plan_run` with DataLens' resume rule."""
+    return plan_run(config, output_dir, restart=restart,
+                    differences_of=resume.resume_differences,
+                    privacy_relevant=resume.PRIVACY_RELEVANT)
 
 
 class TrainingDiverged(RuntimeError):
@@ -448,7 +455,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     hook = fault_hook or _no_hook
     started = time.perf_counter()
-    early = plan_run(config, output_dir, restart=restart)  # refuse before the slow data load
+    early = plan_datalens_run(config, output_dir, restart=restart)  # before the data load
     finished_already = None if restart else _finished_summary(early, config, started)
     if finished_already is not None:
         log(f"the run in {output_dir} is already finished (stopped by "
@@ -467,7 +474,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     if shards is not None:      # a bad --shards is refused before the data load
         plan_shards(config.train.num_teachers, shards, config.train.teacher_chunk)
     dataset = load_training_data(config)
-    plan = plan_run(config, output_dir, restart=restart)  # again: another run may have begun
+    plan = plan_datalens_run(config, output_dir, restart=restart)  # another may have begun
     root_seed = _root_seed(plan, config)
     if plan.set_aside:      # before the bank, which may be created inside the directory
         moved = set_aside(plan.paths.root)

@@ -37,7 +37,7 @@ KERNEL = 5
 LOGGER = logging.getLogger("dclens")
 
 #: With the grouped gradient available, is the grouped path the faster one?  Measured on
-#: a 2-core AVX2 EPYC with oneDNN on (README "Performance"): one chunk of 10 teachers, 2
+#: a 2-core AVX2 EPYC with oneDNN on (docs/performance.md): one chunk of 10 teachers, 2
 #: training steps at B = 15, 115 ms per-teacher vs 182 ms grouped; scripts/bench.py
 #: fmnist-200, 5.9 vs 7.9 s per step.  So ``auto`` takes the per-teacher path everywhere
 #: and the grouped path stays available by name.

@@ -14,7 +14,7 @@ state I/O) are scaled by N / N_measured, the others (generator forwards, noise, 
 update, the rest) are kept.  Such results are labelled ``"extrapolated"`` in the output,
 with the measured per-teacher seconds they come from.
 
-FLOPs are the paper algorithm's, counted from the architecture (DESIGN.md section 4): a
+FLOPs are the paper algorithm's, counted from the architecture (docs/design.md): a
 teacher train step is 3 forward passes' worth (forward, input and weight gradients) on the
 2B real and fake images, an image-gradient pass 2 forward passes' worth on B images, with
 the discriminator as written (label maps concatenated; the fast path skips some of these

@@ -35,10 +35,11 @@ from dclens.evaluation import evaluate
 from dclens.common import export
 from dclens.runs import rundir
 from dclens.datalens import config as cfg
+from dclens.datalens import resume
 
 #: Paper Table 1 (Wang et al., "DataLens", ACM CCS 2021): accuracy on the real test set of
 #: a classifier trained on 100k DataLens samples (the authors' protocol: best test accuracy
-#: over 600 epochs, i.e. our "sen"). Values as listed in DESIGN.md section 1.
+#: over 600 epochs, i.e. our "sen"). Values as listed in docs/design.md.
 PAPER_TABLE1 = {
     ("mnist", 1): 0.7123, ("mnist", 10): 0.8066,
     ("fashion_mnist", 1): 0.6478, ("fashion_mnist", 10): 0.7061,
@@ -500,11 +501,11 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
                                      f"train first (drop --skip_train) or pass the --run_dir "
                                      f"of a finished run")
         saved = _read_json(os.path.join(run_dir, "config.json"))["config"]
-        differences = rundir.resume_differences(saved, config)
+        differences = resume.resume_differences(saved, config)
         if differences:
             raise ReproduceError(
                 f"--skip_train: the run in {run_dir} was trained with a different config than "
-                f"these options give ({rundir.describe_differences(differences)}); pass the "
+                f"these options give ({rundir.describe_differences(differences, resume.PRIVACY_RELEVANT)}); pass the "
                 f"same options as for training")
         log(f"--skip_train: evaluating the existing run in {run_dir}")
     else:
@@ -735,7 +736,7 @@ def render_markdown(report: dict) -> str:
     ev, acc, priv, prov = r["evaluation"], r["accuracy"], r["privacy"], r["provenance"]
     lines = [f"# DataLens reproduction: {r['dataset']}, eps = {r['eps']}", ""]
     if r["paper_config"]:
-        lines += ["Configuration: **the paper config** (authors' README flags, DESIGN.md).", ""]
+        lines += ["Configuration: **the paper config** (authors' README flags, docs/design.md).", ""]
     else:
         lines += ["> **NOT the paper config.** This run deviates from the paper's "
                   "configuration; its numbers are not the paper's experiment:", ">"]

@@ -11,7 +11,8 @@ Layout::
     <run>/generator.keras, samples.npz, samples.png, eps-*.data-*.pkl   the outputs
 
 A command given an existing run directory resumes it, provided every setting matches the
-saved one except those in :data:`CHANGEABLE_ON_RESUME`; otherwise it is refused with the
+saved one except those the trainer lets change (DataLens:
+:data:`dclens.datalens.resume.CHANGEABLE_ON_RESUME`); otherwise it is refused with the
 differing settings named.  ``--restart`` renames the old directory to
 ``<run>.old-<timestamp>`` (never deletes it) and starts over.  :func:`plan_run` decides and
 changes nothing (it probes writability with an anonymous temporary file).
@@ -27,21 +28,9 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping
 
-from dclens.datalens.config import DataLensConfig
-
-# Settings that may differ between the saved run and a resuming command.
-CHANGEABLE_ON_RESUME = frozenset({"train.epochs", "train.teacher_chunk", "train.num_samples",
-                                  "train.save_votes",
-                                  "train.conv_path", "budget.max_eps"})
-# Settings whose change would alter what the ledger means (named as such in refusals).
-PRIVACY_RELEVANT = frozenset({
-    "topagg.sigma", "topagg.topk", "topagg.thresh", "topagg.max_grad", "topagg.method",
-    "topagg.klevel",
-    "train.num_teachers", "train.dataset", "train.data_dir", "train.max_records",
-    "train.partition_seed", "train.balanced_partition", "train.batch_size", "train.g_step",
-    "train.non_private", "train.seed", "budget.delta", "budget.conversion",
-    "budget.max_order"})
-
+from dclens.common import export
+from dclens.common.rng import entropy_seed
+from dclens.runs import journal as journal_lib
 
 class RunDirError(RuntimeError):
     """The output directory cannot be used for this run (nothing was changed)."""
@@ -114,23 +103,8 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple
             if old.get(name) != now.get(name)]
 
 
-def with_defaults_for_missing(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config with every setting it lacks filled in with today's default.
-
-    A run directory written by an older dclens has no entry for a setting added since. Every
-    setting is added with a default that reproduces what dclens did before it existed (the
-    rule for new settings), so a missing entry means that default, and the run resumes as
-    long as the new setting is left at it. A setting passed at a non-default value still
-    differs and is refused by name.
-    """
-    defaults = flatten(DataLensConfig().to_dict())
-    filled = dict(flatten(saved))
-    for name, value in defaults.items():
-        filled.setdefault(name, value)
-    return _unflatten(filled)
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"train.epochs": 3} -> {"train": {"epochs": 3}} (the inverse of :func:`flatten`)."""
     nested: dict[str, Any] = {}
     for name, value in flat.items():
         *sections, key = name.split(".")
@@ -141,20 +115,13 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def resume_differences(saved: dict[str, Any], config: DataLensConfig
-                       ) -> list[tuple[str, Any, Any]]:
-    """The settings that keep a saved run from being continued (or evaluated) as ``config``:
-    every difference except the performance-only settings of CHANGEABLE_ON_RESUME, with
-    settings the saved run predates taken at their defaults."""
-    return [d for d in config_differences(with_defaults_for_missing(saved), config.to_dict())
-            if d[0] not in CHANGEABLE_ON_RESUME]
-
-
-def describe_differences(differences: list[tuple[str, Any, Any]]) -> str:
-    """'name (privacy-relevant): saved X, now Y; ...'."""
+def describe_differences(differences: list[tuple[str, Any, Any]],
+                         privacy_relevant: frozenset[str] = frozenset()) -> str:
+    """'name (privacy-relevant): saved X, now Y; ...' (the tag for names in
+    ``privacy_relevant``)."""
     parts = []
     for name, old, new in differences:
-        tag = " (privacy-relevant)" if name in PRIVACY_RELEVANT else ""
+        tag = " (privacy-relevant)" if name in privacy_relevant else ""
         parts.append(f"{name}{tag}: saved {old!r}, now {new!r}")
     return "; ".join(parts)
 
@@ -186,14 +153,16 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
                           "damaged: pass --restart to set it aside and start over") from error
 
 
-def plan_run(config, output_dir: str, *, restart: bool = False,
-             differences_of=None, flag: str = "--checkpoint_dir") -> RunPlan:
+def plan_run(config, output_dir: str, *, differences_of, restart: bool = False,
+             flag: str = "--checkpoint_dir",
+             privacy_relevant: frozenset[str] = frozenset()) -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
 
-    ``config``: a :class:`DataLensConfig`, or any config with ``to_dict()`` together with
-    ``differences_of(saved_dict, config)`` listing the settings that forbid resuming
-    (default: :func:`resume_differences`, DataLens' rule).  ``flag``: the command-line
-    option that named ``output_dir``, as the messages quote it.
+    ``config``: any config with ``to_dict()``; ``differences_of(saved_dict, config)``
+    lists the settings that forbid resuming (each trainer's rule: DataLens'
+    :func:`dclens.datalens.resume.resume_differences`, or :func:`differences_except`).
+    ``flag``: the command-line option that named ``output_dir``, as the messages quote
+    it; ``privacy_relevant``: settings the refusal tags as such.
 
     Raises:
       RunDirError: the path is a file or not writable; the folder holds something that is
@@ -214,11 +183,11 @@ def plan_run(config, output_dir: str, *, restart: bool = False,
             f"{flag} {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
-    differences = (differences_of or resume_differences)(read_saved_config(paths), config)
+    differences = differences_of(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
             f"{flag} {output_dir!r} holds a run with other settings, so it cannot "
-            f"be resumed: {describe_differences(differences)}. Resume with the saved "
+            f"be resumed: {describe_differences(differences, privacy_relevant)}. Resume with the saved "
             f"settings (see "
             f"{paths.config}), choose a new {flag}, or pass --restart to set the "
             "old run aside and start over (nothing was changed)")
@@ -229,8 +198,6 @@ def root_seed(plan: RunPlan, seed: int | None) -> int:
     """The run's root seed: the saved one when resuming, else ``seed`` (--seed), else fresh
     OS entropy.  Refuses a resume whose seed file is gone but whose journal records spends
     (its noise could not be drawn afresh consistently)."""
-    from dclens.common.rng import entropy_seed
-
     resuming = plan.mode is Mode.RESUME
     if resuming and os.path.exists(plan.paths.seed):
         with open(plan.paths.seed, encoding="utf-8") as stream:
@@ -336,8 +303,6 @@ class OpenedRun:
 def write_seed(paths: RunPaths, root_seed: int, *, seeded: bool) -> None:
     """checkpoints/seed.json: the root seed a resume must reuse (PRIVATE: it fixes the DP
     noise); ``seeded`` says it came from --seed rather than OS entropy."""
-    from dclens.common import export
-
     export.write_json(paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
 
 
@@ -360,8 +325,6 @@ def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, A
     """A fresh run's files, in the order that keeps a crash safe: config.json (marks the
     folder a dclens run), the PRIVATE seed file, and an empty write-ahead journal over
     ``ledger``, which is returned (``dclens.runs.journal.PrivacyJournal``)."""
-    from dclens.common import export
-    from dclens.runs import journal as journal_lib
 
     paths = opened.paths
     os.makedirs(paths.checkpoints, exist_ok=True)
