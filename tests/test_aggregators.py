@@ -214,7 +214,7 @@ def test_every_variant_trains_and_charges_its_event(method):
     want = accounting.PrivacyLedger(delta=1e-5, conversion=lens.ledger.conversion,
                                     orders=lens.ledger.orders)
     want.spend(accounting.gaussian_queries_event(
-        noise_multiplier=30.0 / config.topagg.sensitivity(784), queries=5))
+        noise_multiplier=30.0 / topagg.sensitivity(config.topagg, 784), queries=5))
     assert lens.ledger.epsilon().epsilon == want.epsilon().epsilon
 
 

@@ -15,6 +15,7 @@ from dclens.privacy.accounting import Conversion
 from dclens.datalens.config import (Aggregation, BudgetConfig, ConfigError, DataLensConfig,
                            TopAggConfig, TrainConfig)
 from dclens.datalens.networks import ImageShape
+from dclens.datalens.topagg import noise_multiplier
 
 MNIST_SHAPE = ImageShape(28, 28, 1, 10)
 CELEBA_SHAPE = ImageShape(64, 64, 3, 2)
@@ -151,19 +152,19 @@ def test_paper_preset_numbers(name):
     assert config.topagg.method is Aggregation.TOPK_STOCHASTIC_SIGN
     assert config.train.batch_size == 30
     assert config.train.non_private is False
-    assert config.topagg.noise_multiplier(784) == pytest.approx(
+    assert noise_multiplier(config.topagg, 784) == pytest.approx(
         sigma / (2 * math.sqrt(topk)), rel=1e-15)
 
 
 def test_noise_multiplier_formula():
-    assert TopAggConfig(topk=100, sigma=40.0).noise_multiplier(784) == 2.0
-    assert TopAggConfig(topk=1, sigma=3.0).noise_multiplier(784) == 1.5
+    assert noise_multiplier(TopAggConfig(topk=100, sigma=40.0), 784) == 2.0
+    assert noise_multiplier(TopAggConfig(topk=1, sigma=3.0), 784) == 1.5
     # Variants without top-k: the sensitivity grows with the image dimension D.
-    assert TopAggConfig(sigma=56.0, method=Aggregation.NO_TOPK).noise_multiplier(784) == 1.0
-    assert TopAggConfig(sigma=84.0, method=Aggregation.KLEVEL,
-                        klevel=4).noise_multiplier(784) == 1.0
-    assert TopAggConfig(topk=100, sigma=40.0,
-                        method=Aggregation.NO_THRESHOLD).noise_multiplier(784) == 2.0
+    assert noise_multiplier(TopAggConfig(sigma=56.0, method=Aggregation.NO_TOPK), 784) == 1.0
+    assert noise_multiplier(TopAggConfig(sigma=84.0, method=Aggregation.KLEVEL,
+                        klevel=4), 784) == 1.0
+    assert noise_multiplier(TopAggConfig(topk=100, sigma=40.0,
+                        method=Aggregation.NO_THRESHOLD), 784) == 2.0
 
 
 @pytest.mark.parametrize("name", ["demo", *cfg.PAPER_PRESET_NAMES])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 from typing import Any, Mapping
 
 from dclens.privacy.accounting import Conversion
@@ -202,29 +201,6 @@ class TopAggConfig:
         aggregation's part; :attr:`DataLensConfig.accounting_proven` adds the partition)."""
         return not (self.method is Aggregation.FETCHSGD
                     and self.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN)
-
-    def count_sketch(self, dim: int):
-        """FetchSGD's :class:`dclens.datalens.sketch.CountSketch` for images of ``dim`` values."""
-        from dclens.datalens.sketch import CountSketch
-
-        return CountSketch(dim, rows=self.sketch_rows, columns=self.sketch_columns,
-                           seed=self.sketch_seed)
-
-    def sensitivity(self, dim: int) -> float:
-        """L2 sensitivity of one call's noised statistic for images of ``dim`` values."""
-        if self.method is Aggregation.FETCHSGD:
-            if self.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN:
-                return 2.0 * math.sqrt(self.topk)              # the authors' charge
-            return self.count_sketch(dim).sensitivity(self.topk)
-        if self.method in TOPK_METHODS:
-            return 2.0 * math.sqrt(self.topk)
-        if self.method is Aggregation.NO_TOPK:
-            return 2.0 * math.sqrt(dim)
-        return (self.klevel - 1) * math.sqrt(dim)
-
-    def noise_multiplier(self, dim: int) -> float:
-        """sigma / sensitivity: noise in units of the L2 sensitivity of one call."""
-        return self.sigma / self.sensitivity(dim)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ of the top-k votes (noise on the sketch, sensitivity from its public hashes,
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import dp_accounting
 import numpy as np
@@ -50,6 +51,7 @@ import tensorflow as tf
 from dclens.privacy import accounting
 from dclens.datalens import vote_op
 from dclens.datalens.config import TOPK_METHODS, Aggregation, SketchAccounting, TopAggConfig
+from dclens.datalens.sketch import CountSketch
 from dclens.datalens.vote_op import Backend
 
 
@@ -201,6 +203,43 @@ def klevel_values(grads: tf.Tensor, uniforms: tf.Tensor, *, levels: int,
     return level - levels / 2.0
 
 
+def count_sketch(config: TopAggConfig, dim: int) -> CountSketch:
+    """FetchSGD's count sketch for images of ``dim`` values (public hashes from the
+    config's seed)."""
+    return CountSketch(dim, rows=config.sketch_rows, columns=config.sketch_columns,
+                       seed=config.sketch_seed)
+
+
+def sensitivity(config: TopAggConfig, dim: int) -> float:
+    """The L2 sensitivity of one call's noised statistic, for images of ``dim`` values:
+    what one teacher's vote can move it by (replace-one adjacency).
+
+    * top-k signs (stochastic or deterministic, thresholded or not): 2 sqrt(k) -- k votes
+      in {-1, +1} can all flip;
+    * the stochastic sign on all D coordinates: 2 sqrt(D);
+    * D2P-Fed's L-level quantisation: (L - 1) sqrt(D) -- each value lies in
+      [-L/2, L/2 - 1];
+    * FetchSGD: the count sketch's bound for k-sparse {-1, +1} changes
+      (:meth:`dclens.datalens.sketch.CountSketch.sensitivity`); under the authors'
+      unproven accounting, their 2 sqrt(k).
+    """
+    method = config.method
+    if method is Aggregation.FETCHSGD:
+        if config.sketch_accounting is SketchAccounting.AUTHORS_UNPROVEN:
+            return 2.0 * math.sqrt(config.topk)              # the authors' charge
+        return count_sketch(config, dim).sensitivity(config.topk)
+    if method in TOPK_METHODS:
+        return 2.0 * math.sqrt(config.topk)
+    if method is Aggregation.NO_TOPK:
+        return 2.0 * math.sqrt(dim)
+    return (config.klevel - 1) * math.sqrt(dim)
+
+
+def noise_multiplier(config: TopAggConfig, dim: int) -> float:
+    """sigma / :func:`sensitivity`: the noise in units of the L2 sensitivity of one call."""
+    return config.sigma / sensitivity(config, dim)
+
+
 #: Largest image dimension for which D2P-Fed's dense D x D rotation is built (64 MiB).
 MAX_ROTATION_DIM = 4096
 
@@ -276,12 +315,12 @@ class TopAgg:
         self.config = config
         self.num_teachers = num_teachers
         self.dim = dim
-        self.sketch = (config.count_sketch(dim) if config.method is Aggregation.FETCHSGD
+        self.sketch = (count_sketch(config, dim) if config.method is Aggregation.FETCHSGD
                        else None)
         self.rotation = (tf.constant(random_rotation(dim, config.rotation_seed))
                          if config.method is Aggregation.KLEVEL and config.klevel_rotation
                          else None)
-        self._sensitivity = config.sensitivity(dim or 0)
+        self._sensitivity = sensitivity(config, dim or 0)
 
     @property
     def sensitivity(self) -> float:
