@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything dclens needs on a fresh Debian/Ubuntu machine (idempotent):
 # the real Fashion-MNIST from Debian's dataset-fashion-mnist, a C++ compiler and make
-# (for the TopAgg custom op), the Python packages, and then builds the op (make -C ops).
+# (for the TopAgg custom op), the Python packages, dclens itself (pip install -e .), and
+# then builds the op (make -C ops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 APT_PACKAGES=()
@@ -16,5 +17,9 @@ if [ "${#APT_PACKAGES[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_PACKAGES[@]}"
 fi
 python -m pip install -q --disable-pip-version-check --root-user-action=ignore -r requirements.txt
+# dclens itself, editable: `import dclens` works from any folder, and the compiled ops
+# (built in place below) stay beside the package.
+python -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps \
+  --no-build-isolation -e .
 # The TopAgg custom op, ops/_dclens_ops.so (rebuilt only when its sources or TF change).
 make -s -C ops PYTHON=python

@@ -1,69 +1,9 @@
 #!/usr/bin/env python
-"""Summarises the paper-config Table 1 runs in results/: mean +- sd per protocol.
+"""Summarises the paper-config Table 1 runs in results/: mean +- sd per protocol: ``dclens.cli.table1`` (``python scripts/table1.py --help``)."""
 
-  python scripts/table1.py                      # results/*/report.json -> results/README.md
-  python scripts/table1.py --print              # the table on stdout only
-
-Reads every report.json under --results whose run is at the paper config, groups them by
-(dataset, epsilon), and writes the table (val, sen, the authors' protocol with range 1
-and 10; mean +- sample sd over runs; one line per run with commit, CPU and generator
-initialisation) between the table1 markers of --markdown, plus a figure of every run's
-real-test accuracy per classifier epoch (table1.png beside it). Reports are made by
-scripts/reproduce.py; the authors' protocol is added with reproduce.py --add_authors.
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from dclens.experiments import table1  # noqa: E402  (after the sys.path insertion above)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="table1.py", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
-    parser.add_argument("--results", default="results", help="folder of reproduction "
-                        "reports, one sub-folder per run [default: results]")
-    parser.add_argument("--markdown", help="file whose table1 section is (re)written "
-                        "[default: <results>/README.md]")
-    parser.add_argument("--print", dest="print_only", action="store_true",
-                        help="print the table instead of writing files")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not os.path.isdir(args.results):
-        print(f"table1.py: error: --results {args.results!r} is not a folder; pass the folder "
-              f"that holds the reproduction reports (results/<name>/report.json)",
-              file=sys.stderr)
-        return 2
-    runs = table1.collect(args.results)
-    if not runs:
-        print(f"table1.py: error: no paper-config report.json under {args.results!r}; run "
-              f"scripts/reproduce.py <dataset> --eps E first", file=sys.stderr)
-        return 2
-    if args.print_only:
-        print(table1.render(runs))
-        return 0
-    markdown = args.markdown or os.path.join(args.results, "README.md")
-    figure = os.path.join(os.path.dirname(os.path.abspath(markdown)), "table1.png")
-    table1.plot(runs, figure)
-    try:
-        table1.write_section(markdown, table1.render(runs, figure="table1.png"))
-    except ValueError as error:
-        print(f"table1.py: error: {error}", file=sys.stderr)
-        return 2
-    print(f"{len(runs)} runs -> {markdown} and {figure}")
-    return 0
-
+from dclens.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run("table1"))

@@ -8,7 +8,6 @@ differs.  tests/test_teacher_conv.py runs a job with oneDNN off and on in subpro
 
 import gzip
 import os
-import pathlib
 import struct
 
 from dclens.common import tf_env
@@ -20,15 +19,11 @@ import pytest
 
 
 def load_script(name: str):
-    """The module of ``scripts/<name>.py`` (the CLIs are scripts, not a package), loaded
-    afresh under its own name so tests can call its ``main`` / ``build_parser``."""
-    import importlib.util
+    """The tool behind ``scripts/<name>.py``: the module ``dclens.cli.<name>`` (the script
+    is a shim into it), so tests can call its ``main`` / ``build_parser``."""
+    import importlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dclens_script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"dclens.cli.{name}")
 
 
 def write_idx(path, array: np.ndarray) -> None:

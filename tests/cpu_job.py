@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from dclens.common import machine
 from dclens.datalens import networks, teacher_conv, teacher_op, teachers
 from dclens.datalens.config import ConvPath
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble
@@ -80,7 +81,7 @@ def main() -> None:
         paths.append(ConvPath.GROUPED)
     if teacher_op.available():
         paths.append(ConvPath.FUSED)
-    report = {"onednn_enabled": teacher_conv.onednn_enabled(),
+    report = {"onednn_enabled": machine.onednn_enabled(),
               "fused_op_available": teacher_op.available(),
               "grouped_gradient_supported": teacher_conv.grouped_gradient_supported(),
               "auto": teacher_conv.resolve_conv_path(ConvPath.AUTO).value,

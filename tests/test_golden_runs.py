@@ -46,14 +46,14 @@ def machine_signature() -> str:
     """What decides the float32 bits of a run here: CPU vector extensions, oneDNN, TF."""
     import tensorflow as tf
 
-    from dclens.datalens import teacher_conv
+    from dclens.common import machine
 
     flags = ""
     with contextlib.suppress(OSError):
         flags = pathlib.Path("/proc/cpuinfo").read_text()
     isa = ("avx512" if " avx512f" in flags else "avx2" if " avx2" in flags
            else platform.machine())
-    onednn = "on" if teacher_conv.onednn_enabled() else "off"
+    onednn = "on" if machine.onednn_enabled() else "off"
     return f"{platform.machine()}-{isa}-onednn-{onednn}-tf-{tf.__version__}"
 
 

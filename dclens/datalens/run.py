@@ -34,12 +34,13 @@ from typing import Callable
 
 import numpy as np
 
+from dclens.common import machine
 from dclens.privacy import accounting
 from dclens import data
 from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.datalens import networks  # noqa: F401  (registers the generator's custom layer)
-from dclens.datalens import resume, sharded, teacher_conv
+from dclens.datalens import resume, sharded
 from dclens.datalens.build import bank_location, image_shape_of, load_training_data
 from dclens.datalens.config import DataLensConfig, SaveVotes
 from dclens.datalens.sample import generator_function, sample_generator
@@ -556,7 +557,7 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
     conv = getattr(lens.ensemble, "conv_path", None)
     if conv is not None:
         log(f"teacher convolutions: {conv.value} path (oneDNN "
-            f"{_on_off(teacher_conv.onednn_enabled())}; --conv_path to choose)")
+            f"{_on_off(machine.onednn_enabled())}; --conv_path to choose)")
     writer = _LazySummaryWriter(plan.paths.logs)
     total_steps = config.train.epochs * lens.steps_per_epoch
     expected_steps = _expected_steps(config, lens, total_steps)

@@ -30,6 +30,7 @@ import subprocess
 import time
 from typing import Callable
 
+from dclens.common import machine
 from dclens.privacy import accounting
 from dclens.evaluation import evaluate
 from dclens.common import export
@@ -426,15 +427,13 @@ def provenance(command: str) -> dict:
     import keras
     import tensorflow as tf
 
-    from dclens.datalens import teacher_conv
-
     return {"command": command, "commit": _git("rev-parse", "HEAD"),
             "uncommitted_changes": None if status is None else bool(status),
             "machine": {"platform": platform.platform(), "processor": platform.processor()
                         or platform.machine(), "cpu_count": os.cpu_count(),
-                        "cpu": teacher_conv.cpu_model_name(),
-                        "cpu_vector_extensions": teacher_conv.cpu_vector_extensions(),
-                        "onednn": teacher_conv.onednn_enabled(),
+                        "cpu": machine.cpu_model_name(),
+                        "cpu_vector_extensions": machine.cpu_vector_extensions(),
+                        "onednn": machine.onednn_enabled(),
                         "python": platform.python_version(), "tensorflow": tf.__version__,
                         "keras": keras.__version__}}
 

@@ -1,0 +1,160 @@
+"""Evaluate synthetic data: train the authors' classifier on it, test on the real test set.
+
+    python scripts/evaluate.py runs/demo/samples.npz            # our samples (or the run dir)
+    python scripts/evaluate.py runs/demo/eps-1.00.data          # the authors' pickle prefix
+    python scripts/evaluate.py my.npz --dataset mnist           # any (x, y) npz
+    python scripts/evaluate.py --real --dataset fashion_mnist   # reference: real training data
+    python scripts/evaluate.py runs/demo --official             # the authors' 600-epoch SGD
+    python scripts/evaluate.py runs/demo --protocol authors --range 1   # their script, exactly
+
+Reports two protocols, by name: ``val`` (headline: epoch chosen on a held-out part of the
+synthetic data) and ``sen`` (the authors': best real-test accuracy over epochs), plus
+domain-classifier Inception Score and FID (a classifier trained on the real training data,
+cached in $DCLENS_CACHE or ~/.cache/dclens; not ImageNet Inception numbers). Writes
+``evaluation.json`` and ``evaluation.png`` into --out (default: beside the input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+
+from dclens.common import tf_env
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The classifier/protocol flags shared with scripts/reproduce.py."""
+    add = parser.add_argument
+    add("--official", action="store_true", help="the authors' schedule: SGD lr 2e-3, batch "
+        "512, 600 epochs (CelebA: lr 1e-4, batch 256, 250 epochs), and sen trained on all "
+        "samples; flags below still override it")
+    add("--optimizer", choices=("adam", "sgd"), help="classifier optimizer (default adam)")
+    add("--learning_rate", type=float, help="classifier learning rate (default 1e-3)")
+    add("--batch_size", type=int, help="classifier batch size (default 256)")
+    add("--epochs", type=int, help="classifier epochs (default 20)")
+    add("--val_fraction", type=float, help="synthetic data held out for the val protocol "
+        "(default 0.1)")
+    add("--eval_seed", type=int, help="seed of split, initialisation and shuffles "
+        "(default 0)")
+    add("--max_samples", type=int, help="evaluate a random subset of this many samples")
+    add("--test_limit", type=int, help="use only the first N real test records")
+    add("--sen_on_all_data", action=argparse.BooleanOptionalAction, default=None,
+        help="train a second classifier on all samples for the sen protocol (as the authors)")
+    add("--no_quality", action="store_true", help="skip domain-classifier IS/FID")
+    add("--quality_samples", type=int, help="images used for IS/FID (default 10000)")
+    add("--cache_dir", help="cache of the domain classifier (default $DCLENS_CACHE or "
+        "~/.cache/dclens)")
+    add("--protocol", choices=("standard", "authors"), default="standard",
+        help="standard: val (headline) and sen; authors: also the authors' evaluation "
+        "script exactly (--range pickles in a 100,000-row zero array, SGD lr 2e-3, batch "
+        "512, 600 epochs, best test accuracy; its state is saved in <out>/<name>-authors-"
+        "range<R>.npz, so an interrupted call resumes when repeated) [default: standard]")
+    add("--range", dest="authors_range", type=int, default=1,
+        help="with --protocol authors: pickles of 10,000 samples the script reads "
+        "(theirs defaults to 1) [default: 1]")
+    add("--authors_epochs", type=int, help="with --protocol authors: fewer epochs than "
+        "their 600 (a quick look; NOT the authors' protocol)")
+
+
+def settings_from_args(args: argparse.Namespace, dataset: str):
+    """Flags -> EvalSettings (official schedule first, explicit flags override it)."""
+    from dclens.evaluation import classifiers, evaluate
+
+    settings = (evaluate.official_settings(dataset) if args.official
+                else evaluate.EvalSettings())
+    schedule = {name: getattr(args, name) for name in
+                ("optimizer", "learning_rate", "batch_size", "epochs")
+                if getattr(args, name) is not None}
+    if schedule:
+        settings = settings.replace(schedule=classifiers.Schedule(
+            **{**settings.schedule.to_dict(), **schedule}))
+    changes = {}
+    for flag, field in (("val_fraction", "val_fraction"), ("eval_seed", "seed"),
+                        ("max_samples", "max_samples"), ("test_limit", "test_limit"),
+                        ("sen_on_all_data", "sen_on_all_data"),
+                        ("quality_samples", "quality_samples")):
+        if getattr(args, flag) is not None:
+            changes[field] = getattr(args, flag)
+    if args.no_quality:
+        changes["quality"] = False
+    if args.protocol == "authors":
+        from dclens.evaluation import authors_protocol
+
+        protocol = authors_protocol.AuthorsProtocol(range=args.authors_range)
+        if args.authors_epochs is not None:
+            protocol = dataclasses.replace(protocol, epochs=args.authors_epochs)
+        changes["authors"] = protocol
+    elif args.authors_epochs is not None or args.authors_range != 1:
+        raise ValueError("--range and --authors_epochs need --protocol authors")
+    return settings.replace(**changes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1],
+        allow_abbrev=False)
+    parser.add_argument("input", nargs="?", help="samples.npz, a run directory, an authors' "
+                        "pickle prefix (.../eps-1.00.data) or any npz with x/y")
+    parser.add_argument("--real", action="store_true", help="evaluate the real training data "
+                        "instead (the reference row; cached, reproduce.py reuses it)")
+    parser.add_argument("--dataset", help="mnist, fashion_mnist, celebA-gender, celebA-hair "
+                        "(default: the run's config.json, else fashion_mnist)")
+    parser.add_argument("--data_dir", help="where the real data lies (default: the run's, else "
+                        "the dataset's default location)")
+    parser.add_argument("--out", help="output directory for evaluation.json/.png (default: "
+                        "the input's folder; with --real: runs/eval-real-<dataset>)")
+    parser.add_argument("--name", default="evaluation", help="output file stem")
+    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    add_eval_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.input) == bool(args.real):
+        parser.error("give exactly one of: an input path, or --real")
+    from dclens.evaluation import classifiers, evaluate, quality
+    from dclens import data
+
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    try:
+        saved = None if args.real else evaluate.run_dir_config(args.input)
+        dataset = args.dataset or (saved["train"]["dataset"] if saved else "fashion_mnist")
+        settings = settings_from_args(args, dataset)
+        if args.real:
+            record = evaluate.cached_real_reference(dataset, args.data_dir, settings=settings,
+                                                    cache_dir=args.cache_dir, log=log)
+            out = args.out or os.path.join("runs", f"eval-real-{evaluate.base_dataset(dataset)}")
+        else:
+            folder = args.input if os.path.isdir(args.input) else os.path.dirname(args.input)
+            out = args.out or folder or "."
+            state = None
+            if settings.authors is not None:          # hours of SGD: resumable
+                os.makedirs(out, exist_ok=True)
+                state = evaluate.authors_state_file(out, args.name, settings.authors)
+            record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
+                                            settings=settings, cache_dir=args.cache_dir,
+                                            authors_state_path=state, log=log)
+        record["command"] = shlex.join(["python", "scripts/evaluate.py",
+                                        *(sys.argv[1:] if argv is None else argv)])
+        paths = evaluate.write_outputs(record, out, args.name)
+    except (evaluate.EvaluationError, data.DataError, classifiers.ScheduleError,
+            ValueError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        return 2
+    print(evaluate.summary_line(record))
+    if record.get("quality"):
+        print(f"note: {quality.NOTE}")
+    print(f"wrote {paths['json']} and {paths['png']}")
+    return 0
+
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
+    tf_env.import_tensorflow_quietly()
+    sys.exit(main())

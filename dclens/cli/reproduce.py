@@ -1,0 +1,171 @@
+"""Reproduce a row of the DataLens paper's Table 1: train -> samples -> evaluate -> report.
+
+    python scripts/reproduce.py fashion_mnist --eps 1                # the paper config
+    python scripts/reproduce.py fashion_mnist --eps 10 --teachers 200  # scaled: NOT the paper's
+    python scripts/reproduce.py fashion_mnist --eps 1 --scale 0.05 --non_private  # eps=inf row
+    python scripts/reproduce.py fashion_mnist --eps 1 --skip_train   # evaluate the run again
+
+Writes report.md, report.json, evaluation.png, epsilon.png and samples.png into --out
+(default results/<name>); the training run (samples.npz, generator, the authors' pickles)
+goes to --run_dir (default runs/reproduce/<name>). A scaled run (--scale/--teachers, or any
+other deviation) is marked "NOT the paper config" in the report, with every deviation listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+
+from dclens.datalens import config as cfg
+from dclens.common import tf_env  # noqa: E402
+
+
+from dclens.cli import evaluate as _EVAL_CLI
+add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reproduce.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1],
+        allow_abbrev=False)
+    add = parser.add_argument
+    add("dataset", choices=("mnist", "fashion_mnist", "celebA-gender"),
+        help="the Table 1 row's dataset")
+    add("--eps", type=int, choices=(1, 10), required=True, help="the row's epsilon budget")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--scale", type=float, help="fraction of the paper's teachers (quick, "
+                       "NOT the paper config)")
+    scale.add_argument("--teachers", type=int, help="number of teachers (NOT the paper "
+                       "config unless it equals the paper's)")
+    add("--non_private", action="store_true", help="no noise, no budget, as many steps as the "
+        "private config allows: the eps=inf reference row (NOT private)")
+    add("--train_epochs", type=int, help="cap DataLens training at N epochs (NOT the paper "
+        "config)")
+    add("--num_samples", type=int, help="synthetic samples (paper: 100000)")
+    add("--max_records", type=int, help="train DataLens on the first N records only")
+    add("--seed", type=int, help="fix every random draw of training (DP noise included: the "
+        "outputs must not be published as private); default OS entropy")
+    add("--data_dir", help="data root (default: the dataset's default location)")
+    add("--teacher_chunk", type=int, help="teachers processed together (memory only)")
+    add("--checkpoint_every", type=int, default=10, help="generator steps between "
+        "checkpoints (default 10; a 4000-teacher checkpoint is ~27 GB, so paper-scale runs "
+        "may want 25)")
+    add("--aggregation", help="an analysis row: aggregation instead of the paper's "
+        "topk_stochastic_sign (no_topk, topk_sign, no_threshold, klevel, fetchsgd)")
+    add("--thresh", type=float, help="an analysis row: beta instead of the paper's")
+    add("--topk", type=int, help="an analysis row: top-k instead of the paper's")
+    add("--sigma_scale", type=float, help="the paper's sigma times this factor in (0, 1], "
+        "the budget raised to what the paper's steps then cost: with --teachers N and "
+        "N / 4000 here, the paper's noise relative to the vote sum at a reduced scale (NOT "
+        "the row's epsilon; the report says which)")
+    add("--balanced_partition", action="store_true", help="a fidelity option: the authors' "
+        "class-balanced partition (their --shuffle) instead of the index partition; the "
+        "run's epsilon is then NOT a proven guarantee (one replaced record can move many "
+        "records between teachers)")
+    add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering], help="a fidelity "
+        "option: teacher_labels renders each teacher's fake batch from its own labels, as "
+        "the authors (about 2x slower at the paper config) [default: class_grid]")
+    add("--out", help="report directory (default results/<name>)")
+    add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
+    add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
+        "again instead of training")
+    add("--no_reference", action="store_true", help="skip the real-data reference row")
+    add("--note", help="free text for the report (e.g. why the run is scaled down)")
+    add("--rerender", action="store_true", help="only rewrite report.md and evaluation.png "
+        "from the report.json in --out (no training, no evaluation)")
+    add("--add_authors", type=int, metavar="RANGE", help="run the authors' evaluation "
+        "script's protocol with --range RANGE on the finished, reported run and add it to "
+        "the report in --out (val/sen kept; no training; resumable: rerun the same command "
+        "after an interruption)")
+    add("--add_quality", action="store_true", help="(re)measure the finished, reported "
+        "run's sample quality (domain-classifier IS, FID, label agreement) as its "
+        "evaluation did and write it into the report in --out (accuracies kept; no "
+        "training): for reports older than a measure")
+    add("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    add_eval_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
+                     f"got {args.checkpoint_every}")
+    from dclens.evaluation import classifiers, evaluate
+    from dclens.datalens import config, run
+    from dclens import data
+    from dclens.experiments import reproduce
+
+    command = shlex.join(["python", "scripts/reproduce.py",
+                          *(sys.argv[1:] if argv is None else argv)])
+    try:
+        options = reproduce.ReproduceOptions(
+            dataset=args.dataset, eps=args.eps, scale=args.scale, teachers=args.teachers,
+            non_private=args.non_private, epochs=args.train_epochs,
+            num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
+            data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
+            aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
+            balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
+            sigma_scale=args.sigma_scale)
+        actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
+                                            ("--add_quality", args.add_quality),
+                                            ("--rerender", args.rerender),
+                                            ("--skip_train", args.skip_train)) if given]
+        if len(actions) > 1:
+            raise reproduce.ReproduceError(f"{' and '.join(actions)} are separate actions on "
+                                           f"a run; give one per command")
+        if args.add_authors is not None and (args.protocol == "authors"
+                                             or args.authors_range != 1):
+            raise reproduce.ReproduceError("--add_authors RANGE runs the authors' protocol on "
+                                           "its own; drop --protocol authors / --range")
+        settings = None if args.add_authors is not None else settings_from_args(args,
+                                                                                 args.dataset)
+    except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
+            config.ConfigError) as error:
+        parser.error(str(error))
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    try:
+        if args.add_authors is not None:
+            from dclens.evaluation import authors_protocol
+
+            protocol = authors_protocol.AuthorsProtocol(range=args.add_authors)
+            if args.authors_epochs is not None:
+                protocol = dataclasses.replace(protocol, epochs=args.authors_epochs)
+            reproduce.add_authors_protocol(
+                args.out or os.path.join("results", options.default_name()), protocol,
+                run_dir=args.run_dir, command=command, log=log)
+            return 0
+        if args.add_quality:
+            reproduce.add_quality(args.out or os.path.join("results", options.default_name()),
+                                  run_dir=args.run_dir, cache_dir=args.cache_dir,
+                                  command=command, log=log)
+            return 0
+        if args.rerender:
+            reproduce.rerender(args.out or os.path.join("results", options.default_name()),
+                               note=args.note, log=log)
+            return 0
+        report = reproduce.reproduce(
+            options, out_dir=args.out, run_dir=args.run_dir, settings=settings,
+            skip_train=args.skip_train, reference=not args.no_reference,
+            cache_dir=args.cache_dir, command=command, note=args.note or "",
+            progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every)
+    except (reproduce.ReproduceError, evaluate.EvaluationError, data.DataError,
+            run.RunDirError, ValueError) as error:
+        print(f"reproduce.py: error: {error}", file=sys.stderr)
+        return 2
+    acc = report["accuracy"]
+    banner = "paper config" if report["paper_config"] else "NOT the paper config"
+    print(f"{report['name']} ({banner}): val {acc['val']:.4f} | sen {acc['sen']:.4f} | paper "
+          f"{acc['paper']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
+    tf_env.import_tensorflow_quietly()
+    sys.exit(main())

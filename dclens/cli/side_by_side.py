@@ -1,0 +1,97 @@
+"""Runs dclens beside the authors' TF1 DataLens code, step for step, and compares them.
+
+  python scripts/side_by_side.py --authors_repo ../shared/authors-datalens
+  python scripts/side_by_side.py --steps 6 --teachers 4 --records 15 --nostochastic
+
+Both get the same data and partitions (the authors' partitioner on a class-balanced
+subset of the real Fashion-MNIST), the same initial weights, latents, labels,
+stochastic-sign uniforms and DP noise (their numpy draws, replayed into dclens through
+dclens.datalens.draws), and the authors' per-teacher fake batches.  After every generator step it
+prints and records the differences of the teachers' losses and weights, the image
+gradients, the vote sums, the noisy thresholded update, the generator's weights and
+epsilon (dclens/parity/side_by_side.py states the float32 tolerances).  Exit status 0
+when every step agrees, 1 when one does not, 2 on bad input.  The runs' noise is replayed
+and known: nothing here is private.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from dclens.common import tf_env
+from dclens.common.paths import REPO_ROOT
+
+DEFAULT_REPO = REPO_ROOT.parent / "shared" / "authors-datalens"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="side_by_side.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--authors_repo", default=str(DEFAULT_REPO),
+                        help="the authors' DataLens checkout (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=5, help="generator steps to compare")
+    parser.add_argument("--teachers", type=int, default=4, help="teachers (batch_teachers)")
+    parser.add_argument("--records", type=int, default=15, help="records per teacher")
+    parser.add_argument("--batch_size", type=int, default=30)
+    parser.add_argument("--topk", type=int, default=50)
+    parser.add_argument("--sigma", type=float, default=40.0)
+    parser.add_argument("--thresh", type=float, default=0.5)
+    parser.add_argument("--d_step", type=int, default=2)
+    parser.add_argument("--pretrain_teacher", type=int, default=3)
+    parser.add_argument("--max_grad", type=float, default=1e-5)
+    parser.add_argument("--z_dim", type=int, default=10)
+    parser.add_argument("--stochastic", dest="stochastic", action="store_true", default=True,
+                        help="stochastic sign (default); --nostochastic: deterministic")
+    parser.add_argument("--nostochastic", dest="stochastic", action="store_false",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="dclens' initial weights and the replayed noise")
+    parser.add_argument("--data_dir", help="Fashion-MNIST location (default: the Debian "
+                                           "package's)")
+    parser.add_argument("--out", help="write the JSON report here")
+    parser.add_argument("--free_running", action="store_true",
+                        help="dclens continues from its own state instead of the authors' "
+                             "after each step: shows how round-off separates the two "
+                             "trajectories (reported, not judged)")
+    parser.add_argument("--perturb", choices=("noise", "weights"),
+                        help="change one of dclens' inputs, to see the harness flag it")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dclens.common import export
+    from dclens.data import DataError
+    from dclens.parity import side_by_side, tf1_compat
+
+    try:
+        config = side_by_side.SideBySideConfig(
+            teachers=args.teachers, records=args.records, steps=args.steps,
+            batch_size=args.batch_size, topk=args.topk, sigma=args.sigma,
+            thresh=args.thresh, d_step=args.d_step, pretrain_teacher=args.pretrain_teacher,
+            max_grad=args.max_grad, stochastic=args.stochastic, z_dim=args.z_dim,
+            seed=args.seed, data_dir=args.data_dir)
+        report = side_by_side.run_side_by_side(config, args.authors_repo,
+                                               perturb=args.perturb,
+                                               free_running=args.free_running)
+    except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError) as error:
+        print(f"side_by_side.py: {error}", file=sys.stderr)
+        return 2
+    verdict = {True: "all steps agree", False: "DISAGREEMENT",
+               None: "free-running trajectories (not judged)"}[report["agree"]]
+    print(f"{verdict} ({len(report['steps'])} steps, {report['seconds']:.0f} s)")
+    if args.out:
+        export.write_json(args.out, report)
+        print(f"report: {args.out}")
+    else:
+        print(json.dumps(report["steps"][-1]["checks"]))
+    return 1 if report["agree"] is False else 0
+
+
+if __name__ == "__main__":
+    tf_env.prepare_cli_environment()     # before TensorFlow is imported; see dclens/common/tf_env.py
+    tf_env.import_tensorflow_quietly()
+    sys.exit(main())
