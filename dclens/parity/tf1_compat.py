@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -50,6 +52,20 @@ REQUIRED_FILES = ("model.py", "main.py", "ops.py", "rdp_utils.py", "pate_core.py
 
 class AuthorsCodeError(RuntimeError):
     """The authors' repository cannot be found or loaded."""
+
+
+class _FolderFinder(importlib.abc.MetaPathFinder):
+    """Finds top-level modules in one folder first (the authors' code imports its
+    siblings by plain name) without putting that folder on the import path; installed
+    while their code loads, removed after."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def find_spec(self, name, path=None, target=None):
+        if "." in name:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [self.folder])
 
 
 def check_repo(repo: str | os.PathLike) -> Path:
@@ -283,7 +299,8 @@ def load_authors_code(repo: str | os.PathLike) -> Iterator[AuthorsCode]:
     theirs = {name: None for name in (*AUTHORS_MODULES, "authors_main")}
     numpy_aliases = {name: np.__dict__.get(name) for name in ("float", "int")}
     np.float, np.int = float, int  # type: ignore[attr-defined]
-    sys.path.insert(0, str(path))
+    finder = _FolderFinder(path)
+    sys.meta_path.insert(0, finder)
     try:
         with _swapped_modules({**stubs, **{name: None for name in theirs}}):
             for name in theirs:
@@ -301,7 +318,7 @@ def load_authors_code(repo: str | os.PathLike) -> Iterator[AuthorsCode]:
             except Exception as error:
                 raise AuthorsCodeError(f"cannot import the authors' code from {str(path)!r}: "
                                        f"{type(error).__name__}: {error}") from error
-        sys.path.remove(str(path))
+        sys.meta_path.remove(finder)
         # Their GPU voting functions -> their numpy ones (same arguments and results).
         rdp_utils.stachastic_convert2topk_gpu = (
             lambda grad, topk, b=None: rdp_utils.stachastic_convert2topk(np.asarray(grad),
@@ -314,8 +331,8 @@ def load_authors_code(repo: str | os.PathLike) -> Iterator[AuthorsCode]:
         holder["code"] = code
         yield code
     finally:
-        if str(path) in sys.path:
-            sys.path.remove(str(path))
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         for name, value in numpy_aliases.items():
             if value is None:
                 np.__dict__.pop(name, None)
