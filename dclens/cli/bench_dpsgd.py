@@ -26,6 +26,8 @@ import sys
 
 from dclens.common import machine  # noqa: E402
 from dclens.common import tf_env
+from dclens.experiments import bench
+from dclens.dpsgd import gep, mechanisms, models, per_example
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from dclens.experiments import bench
-    from dclens.dpsgd import gep, mechanisms, models, per_example
 
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(0, 1, (args.batch, 28, 28, 1)).astype(np.float32))

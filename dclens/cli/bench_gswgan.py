@@ -31,6 +31,10 @@ import tempfile
 
 from dclens.common import machine  # noqa: E402
 from dclens.common import tf_env
+from dclens.experiments import bench
+from dclens.gswgan import models, steps, train
+from dclens.gswgan.config import GswganConfig
+from dclens.common.rng import SeedTree, Stream
 
 PAPER = {"discriminators": 1000, "warm_iterations": 2000, "iterations": 20000}
 
@@ -40,10 +44,6 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
     import numpy as np
     import tensorflow as tf
 
-    from dclens.experiments import bench
-    from dclens.gswgan import models, steps, train
-    from dclens.gswgan.config import GswganConfig
-    from dclens.common.rng import SeedTree, Stream
 
     seeds = SeedTree(0)
     rng = np.random.default_rng(0)
@@ -125,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(c < 1 for c in args.chunks) or args.repeats < 1:
         parser.error(f"--chunks {args.chunks} and --repeats {args.repeats} must be >= 1")
-    from dclens.experiments import bench
 
     peak = bench.matmul_peak_gflops()
     results = [bench_model_dim(m, args.chunks, args.batch_size, args.repeats)

@@ -53,6 +53,7 @@ from dclens.datalens.sharded import ShardOptions  # noqa: E402
 from dclens.datalens.shards import plan_shards  # noqa: E402
 from dclens.datalens.build import image_shape_of  # noqa: E402
 from dclens.datalens.train import DataLens  # noqa: E402
+from dclens.common import export
 
 CELEBA_TEACHERS, CELEBA_RECORDS = 6000, 162770
 MACHINE_RAM_GIB, MACHINE_CORES = 24, 2
@@ -223,7 +224,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.out:
-        from dclens.common import export
 
         export.atomic_write(args.out, lambda stream: stream.write(text + "\n"), mode="w")
     return 0

@@ -18,6 +18,7 @@ import sys
 
 from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
+from dclens.dpsgd import report
 
 RESULTS = str(REPO_ROOT / "results" / "dpsgd")
 
@@ -44,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.action} needs at least one folder")
     if args.name and len(args.folders) != 1:
         parser.error(f"--name {args.name!r} names one folder, got {len(args.folders)}")
-    from dclens.dpsgd import report
 
     try:
         for folder in args.folders:

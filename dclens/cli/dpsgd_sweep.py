@@ -22,11 +22,18 @@ import pathlib
 import sys
 
 from dclens.common import tf_env
+from dclens.dpsgd.cli import add_config_arguments
+from dclens.dpsgd.sweep import GRID_SETTINGS
+from dclens import data
+from dclens.runs import rundir
+from dclens.runs.checkpoint import CheckpointError
+from dclens.dpsgd.cli import config_from_args
+from dclens.dpsgd.config import DpsgdConfigError
+from dclens.dpsgd.sweep import SweepError, expand, parse_grid, run_sweep
+from dclens.runs.journal import JournalError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dclens.dpsgd.cli import add_config_arguments
-    from dclens.dpsgd.sweep import GRID_SETTINGS
 
     parser = argparse.ArgumentParser(
         prog="dpsgd_sweep.py", description=__doc__.split("\n\n")[0],
@@ -45,13 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens import data
-    from dclens.runs import rundir
-    from dclens.runs.checkpoint import CheckpointError
-    from dclens.dpsgd.cli import config_from_args
-    from dclens.dpsgd.config import DpsgdConfigError
-    from dclens.dpsgd.sweep import SweepError, expand, parse_grid, run_sweep
-    from dclens.runs.journal import JournalError
 
     try:
         grid = parse_grid(args.grid)

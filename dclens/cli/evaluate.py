@@ -23,6 +23,9 @@ import shlex
 import sys
 
 from dclens.common import tf_env
+from dclens.evaluation import classifiers, evaluate, quality
+from dclens import data
+from dclens.evaluation import authors_protocol
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +64,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, dataset: str):
     """Flags -> EvalSettings (official schedule first, explicit flags override it)."""
-    from dclens.evaluation import classifiers, evaluate
 
     settings = (evaluate.official_settings(dataset) if args.official
                 else evaluate.EvalSettings())
@@ -81,7 +83,6 @@ def settings_from_args(args: argparse.Namespace, dataset: str):
     if args.no_quality:
         changes["quality"] = False
     if args.protocol == "authors":
-        from dclens.evaluation import authors_protocol
 
         protocol = authors_protocol.AuthorsProtocol(range=args.authors_range)
         if args.authors_epochs is not None:
@@ -118,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.input) == bool(args.real):
         parser.error("give exactly one of: an input path, or --real")
-    from dclens.evaluation import classifiers, evaluate, quality
-    from dclens import data
 
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:

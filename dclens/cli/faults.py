@@ -46,6 +46,10 @@ import time
 
 
 from dclens.common import tf_env
+from dclens.privacy import accounting
+from dclens.datalens import sharded
+from dclens.cli import gswgan as gswgan_cli
+from dclens.cli import main as main_cli
 
 POINTS = ("after_spend", "after_step", "checkpoint_before_commit", "after_checkpoint",
           "before_outputs")
@@ -58,7 +62,6 @@ EPSILON_TOLERANCE = 1e-9
 
 def budget_for_steps(steps: int) -> float:
     """A classic-conversion max_eps that admits exactly ``steps`` steps of B queries."""
-    from dclens.privacy import accounting
 
     curve = accounting.epsilon_curve(sigma=SIGMA, topk=TOPK, queries_per_step=BATCH,
                                      steps=steps + 1, delta=1e-5,
@@ -277,7 +280,6 @@ def child(argv: list[str]) -> int:
         kill_actor = point.startswith(ACTOR_PREFIX)
         target = (point.removeprefix(ACTOR_PREFIX), int(step))
     if kill_actor:
-        from dclens.datalens import sharded
 
         launch = sharded.ShardedTeachers.launch
 
@@ -295,10 +297,7 @@ def child(argv: list[str]) -> int:
         else:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    if args.method == "gswgan":
-        from dclens.cli import gswgan as cli
-    else:
-        from dclens.cli import main as cli
+    cli = gswgan_cli if args.method == "gswgan" else main_cli
     return cli.main(rest, fault_hook=hook)
 
 

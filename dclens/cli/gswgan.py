@@ -31,6 +31,14 @@ import dataclasses
 import sys
 
 from dclens.common import tf_env
+from dclens.privacy.accounting import Conversion
+from dclens.gswgan.accounting import Accounting, CriticUpdates
+from dclens import data
+from dclens.runs import rundir
+from dclens.runs.checkpoint import CheckpointError
+from dclens.gswgan import train
+from dclens.gswgan.config import GswganConfig, GswganConfigError
+from dclens.runs.journal import JournalError
 
 _HELP = {
     "num_discriminators": "N_D, disjoint shards (paper 1000; sampling rate 1/N_D)",
@@ -51,9 +59,6 @@ _HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dclens.privacy.accounting import Conversion
-    from dclens.gswgan.accounting import Accounting, CriticUpdates
-    from dclens.gswgan.config import GswganConfig
 
     parser = argparse.ArgumentParser(
         prog="gswgan.py", description=__doc__.split("\n\n")[0],
@@ -89,12 +94,6 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     """Runs the command line; ``fault_hook`` is for fault-injection tests (scripts/faults.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens import data
-    from dclens.runs import rundir
-    from dclens.runs.checkpoint import CheckpointError
-    from dclens.gswgan import train
-    from dclens.gswgan.config import GswganConfig, GswganConfigError
-    from dclens.runs.journal import JournalError
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GswganConfig)}
     if args.sigma is None and args.target_eps is None:

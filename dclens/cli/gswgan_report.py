@@ -20,6 +20,7 @@ import sys
 
 from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
+from dclens.gswgan import report
 
 RESULTS = str(REPO_ROOT / "results" / "gswgan")
 
@@ -46,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("add needs at least one run folder")
     if args.name and len(args.folders) != 1:
         parser.error(f"--name {args.name!r} names one folder, got {len(args.folders)}")
-    from dclens.gswgan import report
 
     try:
         for folder in args.folders:

@@ -22,6 +22,12 @@ import sys
 from dclens.datalens import config as cfg  # noqa: E402
 from dclens.common import tf_env  # noqa: E402
 from dclens.privacy.accounting import Conversion  # noqa: E402
+from dclens import data
+from dclens.datalens import run
+from dclens.runs.checkpoint import CheckpointError
+from dclens.runs.journal import JournalError
+from dclens.datalens.sharded import ShardError
+from dclens.datalens.teachers import BankSpaceError
 
 # The authors' main.py defaults (their flag definitions), for --preset authors.
 AUTHORS_DEFAULTS = dict(epoch=1000, batch_size=30, learning_rate=1e-3, beta1=0.5, z_dim=100,
@@ -378,12 +384,6 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         parser.error(f"--ray_address {args.ray_address} needs --shards N (the teachers are "
                      "split over N Ray actors)")
     tf_env.import_tensorflow_quietly()
-    from dclens import data
-    from dclens.datalens import run
-    from dclens.runs.checkpoint import CheckpointError
-    from dclens.runs.journal import JournalError
-    from dclens.datalens.sharded import ShardError
-    from dclens.datalens.teachers import BankSpaceError
 
     try:
         if args.deterministic:

@@ -31,6 +31,7 @@ import sys
 from typing import Any, Sequence
 
 from dclens.privacy import accounting
+from dclens.gswgan import accounting as gs_accounting
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +115,6 @@ def _describe(mode: str, result: dict[str, Any], args: argparse.Namespace) -> st
 
 def gswgan_main(argv: Sequence[str]) -> int:
     """``privacy.py gswgan ...``: GS-WGAN's sigma or epsilon under each accounting."""
-    from dclens.gswgan import accounting as gs_accounting
 
     parser = argparse.ArgumentParser(prog="privacy.py gswgan",
                                      description="GS-WGAN: sigma for a budget, or epsilon "

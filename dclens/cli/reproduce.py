@@ -24,6 +24,11 @@ from dclens.common import tf_env  # noqa: E402
 
 
 from dclens.cli import evaluate as _EVAL_CLI
+from dclens.evaluation import classifiers, evaluate
+from dclens.datalens import config, run
+from dclens import data
+from dclens.experiments import reproduce
+from dclens.evaluation import authors_protocol
 add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
 
 
@@ -96,10 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
                      f"got {args.checkpoint_every}")
-    from dclens.evaluation import classifiers, evaluate
-    from dclens.datalens import config, run
-    from dclens import data
-    from dclens.experiments import reproduce
 
     command = shlex.join(["python", "scripts/reproduce.py",
                           *(sys.argv[1:] if argv is None else argv)])
@@ -131,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
         if args.add_authors is not None:
-            from dclens.evaluation import authors_protocol
 
             protocol = authors_protocol.AuthorsProtocol(range=args.add_authors)
             if args.authors_epochs is not None:

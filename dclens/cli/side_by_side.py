@@ -23,6 +23,9 @@ from typing import Sequence
 
 from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
+from dclens.common import export
+from dclens.data import DataError
+from dclens.parity import side_by_side, tf1_compat
 
 DEFAULT_REPO = REPO_ROOT.parent / "shared" / "authors-datalens"
 
@@ -63,9 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from dclens.common import export
-    from dclens.data import DataError
-    from dclens.parity import side_by_side, tf1_compat
 
     try:
         config = side_by_side.SideBySideConfig(

@@ -32,6 +32,7 @@ import sys
 from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
+from dclens.experiments import reproduce, tables
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from dclens.experiments import reproduce, tables
 
     if (args.table == "6") != (args.bench is not None):
         parser.error("--bench FILE goes with --table 6 (and only with it): Table 6 is read "

@@ -16,6 +16,8 @@ import json
 import os
 
 from dclens.common.reporting import ReportError, copy_once, mean_sd, mean_sd_cell, write_marked_section
+from dclens.dpsgd.config import DpsgdConfig
+from dclens.dpsgd.mechanisms import Method
 
 BEGIN_MARK = "<!-- dpsgd:begin (written by scripts/dpsgd_report.py; edit outside the markers) -->"
 END_MARK = "<!-- dpsgd:end -->"
@@ -111,8 +113,6 @@ def _describe(settings: tuple[tuple[str, object], ...], defaults: dict) -> str:
 def render(runs: list[Run], sweeps: list[dict] | None = None) -> str:
     """The markdown between the markers: one row per (method, budget, settings), then one
     line per sweep."""
-    from dclens.dpsgd.config import DpsgdConfig
-    from dclens.dpsgd.mechanisms import Method
 
     defaults = {m.value: DpsgdConfig(method=m).to_dict() for m in Method}
     chosen = {f"{sweep['name']}-{sweep['chosen']['name']}" for sweep in sweeps or []}

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from dclens.common import export
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
+from dclens.dpsgd.train import train_private_classifier
 
 #: The settings a grid may vary (the optimisation, the mechanism's parameters, the
 #: budget, the model's activation) and the type of their values.
@@ -131,7 +132,7 @@ def run_sweep(base: DpsgdConfig, grid: dict[str, tuple], root: str, *,
     returns ``root/sweep.json``, rewritten after every point so a stopped sweep shows
     what it has."""
     if train is None:
-        from dclens.dpsgd.train import train_private_classifier as train
+        train = train_private_classifier
     points = expand(base, grid)
     done: list[tuple[dict[str, Any], dict]] = []
     os.makedirs(root, exist_ok=True)

@@ -47,6 +47,7 @@ from dclens.dpsgd import mechanisms, models, per_example
 from dclens.dpsgd.config import (CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records,
                                  learning_rate_selection)
 from dclens.common.rng import SeedTree, Stream
+from dclens.evaluation import evaluate
 
 FaultHook = Callable[[str, int], None]
 
@@ -282,7 +283,6 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     """
     import tensorflow as tf
 
-    from dclens.evaluation import evaluate
 
     started = time.perf_counter()
     opened = rundir.open_run(config, run_dir, restart=restart,

@@ -37,6 +37,10 @@ from dclens.common import export
 from dclens.runs import rundir
 from dclens.datalens import config as cfg
 from dclens.datalens import resume
+from dclens.datalens import run
+from dclens.evaluation import classifiers, quality as quality_scores
+from dclens import data
+from dclens.datalens import networks, teachers as teacher_module
 
 #: Paper Table 1 (Wang et al., "DataLens", ACM CCS 2021): accuracy on the real test set of
 #: a classifier trained on 100k DataLens samples (the authors' protocol: best test accuracy
@@ -348,8 +352,6 @@ def matched_budget(dataset: str, eps: int, sigma: float) -> float:
 def teacher_state_bytes(dataset: str, teachers: int) -> int | None:
     """Bytes of the teacher bank (weights + two Adam moments, float32) for ``teachers``."""
     try:
-        from dclens import data
-        from dclens.datalens import networks, teachers as teacher_module
 
         spec = data.dataset_spec("celebA-gender-train" if dataset == "celebA-gender"
                                  else dataset)
@@ -482,7 +484,6 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
     checkpoints; at 4000 teachers one checkpoint is about 27 GB, so paper-scale runs may
     want fewer).
     """
-    from dclens.datalens import run
 
     started = time.perf_counter()
     started_at = provenance(command)
@@ -636,7 +637,6 @@ def add_quality(out_dir: str, *, run_dir: str | None = None, cache_dir: str | No
     agreement -- exactly as its evaluation did (the same subset seed, number of samples
     and domain-classifier settings), and writes it into the report in ``out_dir``; the
     accuracies are kept. For reports written before a measure existed (label agreement)."""
-    from dclens.evaluation import classifiers, quality as quality_scores
 
     path, report, run_dir, synthetic, test = _reported_run(out_dir, run_dir,
                                                            "the quality measure")
