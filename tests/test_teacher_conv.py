@@ -161,7 +161,7 @@ def _fresh_python(code: str, **env_changes: str | None) -> str:
     return done.stdout.strip()
 
 
-PREPARE = ("import os; from dclens import tf_env; applied = tf_env.prepare_cli_environment(); "
+PREPARE = ("import os; from dclens.common import tf_env; applied = tf_env.prepare_cli_environment(); "
            "print(sorted(applied), os.environ['TF_ENABLE_ONEDNN_OPTS'], "
            "os.environ['TF_CPP_MIN_LOG_LEVEL'])")
 

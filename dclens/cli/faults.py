@@ -46,6 +46,7 @@ import time
 
 
 from dclens.common import tf_env
+from dclens.common.paths import REPO_ROOT
 from dclens.privacy import accounting
 from dclens.datalens import sharded
 from dclens.cli import gswgan as gswgan_cli
@@ -106,7 +107,7 @@ def run_child(argv: list[str], *, kill_at: str | None = None, kill_after: float 
               timeout: float = 600.0, method: str = "datalens") -> int:
     """Runs ``main.py argv`` (``gswgan.py argv`` for method gswgan) in a child process;
     returns its exit status (-9 if killed)."""
-    command = [sys.executable, "-m", "dclens.cli.faults", "child",
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "faults.py"), "child",
                "--method", method]
     if kill_at is not None:
         command += ["--kill_at", kill_at]
