@@ -378,3 +378,11 @@ def test_save_vote_flags():
     assert resolve("--save_vote", "--save_raw_votes")[1].train.save_votes \
         is cfg.SaveVotes.RAW_SUMS
     assert resolve("--signsgd_dept")[1].train.data_dependent_analysis is True
+
+
+def test_run_dir_is_the_same_flag_as_checkpoint_dir():
+    """Every other dclens tool names its output folder --run_dir; main.py keeps the
+    authors' --checkpoint_dir and accepts --run_dir for the same setting."""
+    parser = cli.build_parser()
+    assert parser.parse_args(["--run_dir", "runs/x"]).checkpoint_dir == "runs/x"
+    assert parser.parse_args(["--checkpoint_dir", "runs/y"]).checkpoint_dir == "runs/y"

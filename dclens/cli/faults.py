@@ -47,6 +47,7 @@ import time
 
 from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
+from dclens.runs.rundir import RunPaths
 from dclens.privacy import accounting
 from dclens.datalens import sharded
 from dclens.cli import gswgan as gswgan_cli
@@ -137,7 +138,7 @@ def outcome(out: str) -> dict:
         journal = json.load(stream)
     import numpy as np
 
-    samples = np.load(os.path.join(out, "samples.npz"))["x"]
+    samples = np.load(RunPaths(out).samples)["x"]
     return {"curve": privacy["epsilon_per_step"], "steps": privacy["steps"],
             "queries": journal["queries"], "lost_queries": privacy["lost_queries"],
             "queries_per_step": BATCH,
@@ -146,7 +147,7 @@ def outcome(out: str) -> dict:
 
 def gswgan_outcome(out: str) -> dict:
     """:func:`outcome` for a GS-WGAN run (one journaled spend per DP iteration)."""
-    with open(os.path.join(out, "report.json")) as stream:
+    with open(RunPaths(out).report) as stream:
         report = json.load(stream)
     with open(os.path.join(out, "ledger.json")) as stream:
         journal = json.load(stream)
@@ -156,7 +157,7 @@ def gswgan_outcome(out: str) -> dict:
     if privacy["stop_reason"] != "iterations":
         raise RuntimeError(f"{out}: the run stopped on {privacy['stop_reason']!r}; the fault "
                            "runs must complete their --iterations (raise --target_eps)")
-    samples = np.load(os.path.join(out, "samples.npz"))["x"]
+    samples = np.load(RunPaths(out).samples)["x"]
     # The iterations the run completed come from its settings, not from the journal,
     # so that compare()'s "queries = steps + lost" check tests the journal.
     return {"curve": [{"step": p["iteration"], "epsilon": p["epsilon"]}

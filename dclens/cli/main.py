@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         "celebA = celebA-gender-train")
     add("--data_dir", help="data root (authors' layout <data_dir>/<dataset>/...); default: "
         "/usr/share/datasets/fashion-mnist for fashion_mnist")
-    add("--checkpoint_dir", help="output directory (default: runs/demo for the demo, "
-        "checkpoint otherwise)")
+    add("--checkpoint_dir", "--run_dir", dest="checkpoint_dir",
+        help="the run directory (--run_dir, the name every other dclens tool uses, is the "
+             "same flag; default: runs/demo for the demo, checkpoint otherwise)")
     add("--epoch", type=int, help="maximum epochs (passes over the partitions)")
     add("--batch_size", type=int, help="batch size (cut to the partition size)")
     add("--batch_teachers", type=int, help="teachers per batch (teachers = batch_teachers x "

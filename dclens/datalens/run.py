@@ -48,7 +48,7 @@ from dclens.datalens.shards import plan_shards
 from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
 from dclens.common.rng import SeedTree, entropy_seed
-from dclens.runs.rundir import (Mode, RunDirError, plan_run, root_seed as _saved_or_new_seed,
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, plan_run, root_seed as _saved_or_new_seed,
                            set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
@@ -331,8 +331,8 @@ def _on_off(flag: bool | None) -> str:
 
 
 def _outputs_exist(output_dir: str) -> bool:
-    return all(os.path.exists(os.path.join(output_dir, name))
-               for name in ("generator.keras", "samples.npz", "samples.png"))
+    paths = RunPaths(output_dir)
+    return all(os.path.exists(path) for path in (paths.generator, paths.samples, paths.grid))
 
 
 def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummary | None:
@@ -374,7 +374,7 @@ class VoteWriter:
     """
 
     def __init__(self, root: str, kind: SaveVotes):
-        self.folder = os.path.join(root, "votes")
+        self.folder = RunPaths(root).votes
         self.kind = kind
         self.rounds: dict[int, list] = {}
         os.makedirs(self.folder, exist_ok=True)
@@ -494,7 +494,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
                     launch_teachers=(None if shard_options is None
                                      else sharded.launcher(shard_options)),
                     bank_dir=bank_location(config,
-                                           os.path.join(plan.paths.checkpoints, "bank")))
+                                           plan.paths.bank))
     facts = DatasetFacts(dataset.spec.name, dataset.source, len(dataset.labels))
     if lens.sharded:    # the workers hold the records; the driver keeps none of them
         lens.images = lens.labels = dataset = None
@@ -631,7 +631,7 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
     _save_checkpoint(store, lens, journal, curve, finished=True, stop_reason=stop_reason,
                      hook=hook, log=log)
     hook("before_outputs", lens.step)
-    lens.generator.save(os.path.join(output_dir, "generator.keras"))
+    lens.generator.save(RunPaths(output_dir).generator)
     write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
                          epsilon=epsilon, batch=lens.batch, log=log)
     with writer.get().as_default(step=lens.step):
@@ -666,7 +666,8 @@ def write_sample_outputs(generate, shape, config: DataLensConfig, output_dir: st
     count = config.train.num_samples
     images, labels = sample_generator(generate, shape, config.train.z_dim, count,
                                       seeds=seeds, seed_path=(0,), batch=batch)
-    paths = {"samples": os.path.join(output_dir, "samples.npz")}
+    run_paths = RunPaths(output_dir)
+    paths = {"samples": run_paths.samples}
     export.write_samples_npz(paths["samples"], images, labels)
     pickles = export.write_authors_pickles(
         output_dir, images, labels, num_classes=shape.num_classes,
@@ -677,7 +678,7 @@ def write_sample_outputs(generate, shape, config: DataLensConfig, output_dir: st
                                        non_private=config.train.non_private,
                                        proven=config.accounting_proven,
                                        seeded=config.train.seed is not None)
-    paths["grid"] = os.path.join(output_dir, "samples.png")
+    paths["grid"] = run_paths.grid
     export.write_grid_png(paths["grid"], class_grid(generate, shape, config.train.z_dim, seeds),
                           title=f"{spec.name} samples ({title})",
                           row_labels=list(spec.class_names))
@@ -691,8 +692,8 @@ def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | N
     """Loads a trained run's generator and writes its samples again (``main.py`` w/o --train)."""
     import keras
 
-    config_path = os.path.join(output_dir, "config.json")
-    model_path = os.path.join(output_dir, "generator.keras")
+    run_paths = RunPaths(output_dir)
+    config_path, model_path = run_paths.config, run_paths.generator
     for path in (config_path, model_path):
         if not os.path.exists(path):
             raise RunDirError(f"{path} not found: train a model first (pass --train), or point "
@@ -703,7 +704,7 @@ def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | N
     if num_samples is not None:
         config = config.replace(train={"num_samples": num_samples})
     epsilon = None
-    privacy_path = os.path.join(output_dir, "privacy.json")
+    privacy_path = run_paths.privacy
     if os.path.exists(privacy_path):
         with open(privacy_path) as stream:
             epsilon = json.load(stream).get("epsilon", {}).get("epsilon")

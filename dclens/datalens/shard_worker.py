@@ -26,10 +26,7 @@ from dclens.datalens.draws import KeyedSignDraws  # noqa: E402
 from dclens.datalens.shards import Shard  # noqa: E402
 from dclens.datalens.teacher_group import ClassGridFakes, TeacherGroup  # noqa: E402
 from dclens.runs.checkpoint import CheckpointStore  # noqa: E402
-
-#: The folder of a run's checkpoint directory that holds one folder per shard.
-SHARDS_FOLDER = "shards"
-
+from dclens.runs.rundir import BANK_FOLDER  # noqa: E402
 
 class ShardError(RuntimeError):
     """A shard worker cannot be started or failed; the message names the fix."""
@@ -47,10 +44,6 @@ class ShardSetup:
     checkpoint_dir: str
     ensemble: str = "fast"
     bank_ram_bytes: int | None = None
-
-
-def shard_checkpoint_dir(checkpoint_dir: str, index: int) -> str:
-    return os.path.join(checkpoint_dir, SHARDS_FOLDER, f"shard-{index:03d}")
 
 
 class ShardWorker:
@@ -87,7 +80,7 @@ class ShardWorker:
                                                                      setup.ensemble),
             topagg=build.build_topagg(config, shape), draws=self.draws,
             one_hot=lambda y: tf.one_hot(y, num_classes, dtype=tf.float32), layout=layout,
-            bank_dir=None if in_ram else os.path.join(setup.checkpoint_dir, "bank"),
+            bank_dir=None if in_ram else os.path.join(setup.checkpoint_dir, BANK_FOLDER),
             resident_rows=build.resident_rows(shape, setup.bank_ram_bytes),
             timer=self.timer, overlap_io=True)
         self.store = CheckpointStore(setup.checkpoint_dir, keep=2)

@@ -61,8 +61,8 @@ from dclens.common.paths import REPO_ROOT
 from dclens.datalens.config import FakeRendering
 from dclens.datalens.teacher_group import ClassGridFakes
 from dclens.datalens.draws import SeededDraws
-from dclens.datalens.shard_worker import (SHARDS_FOLDER, ShardError, ShardSetup, ShardWorker,
-                                          shard_checkpoint_dir)
+from dclens.datalens.shard_worker import ShardError, ShardSetup, ShardWorker
+from dclens.runs.rundir import SHARDS_FOLDER, shard_folder
 from dclens.datalens.shards import Shard, ShardPlanError, plan_shards
 from dclens.common.rng import Stream
 
@@ -260,8 +260,7 @@ class ShardedTeachers:
         backend = BACKENDS[options.backend](options)
         setups = [ShardSetup(config=config.to_dict(), shard=shard,
                              total=config.train.num_teachers, bank_seed=bank_seed,
-                             checkpoint_dir=shard_checkpoint_dir(options.checkpoint_dir,
-                                                                 shard.index),
+                             checkpoint_dir=shard_folder(options.checkpoint_dir, shard.index),
                              ensemble=ensemble, bank_ram_bytes=bank_ram_bytes)
                   for shard in plan]
         workers = [backend.start(setup) for setup in setups]

@@ -18,6 +18,7 @@ import os
 from dclens.common.reporting import ReportError, copy_once, mean_sd, mean_sd_cell, write_marked_section
 from dclens.dpsgd.config import DpsgdConfig
 from dclens.dpsgd.mechanisms import Method
+from dclens.runs.rundir import RunPaths
 
 BEGIN_MARK = "<!-- dpsgd:begin (written by scripts/dpsgd_report.py; edit outside the markers) -->"
 END_MARK = "<!-- dpsgd:end -->"
@@ -170,7 +171,7 @@ def collect_sweeps(results_dir: str) -> list[dict]:
 def publish_run(run_dir: str, results_dir: str, name: str | None = None) -> str:
     """Copies ``run_dir/report.json`` to ``results_dir/<name>.json`` (default name: the
     run folder's); refuses an unfinished run and an existing different file."""
-    source = os.path.join(run_dir, "report.json")
+    source = RunPaths(run_dir).report
     if not os.path.exists(source):
         raise ReportError(f"{run_dir!r} has no report.json: the run has not finished "
                           f"(repeat its scripts/dpsgd.py command to resume it)")

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from dclens.common import export
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
 from dclens.dpsgd.train import train_private_classifier
+from dclens.runs.rundir import RunPaths
 
 #: The settings a grid may vary (the optimisation, the mechanism's parameters, the
 #: budget, the model's activation) and the type of their values.
@@ -139,7 +140,7 @@ def run_sweep(base: DpsgdConfig, grid: dict[str, tuple], root: str, *,
     summary: dict = {}
     for index, (settings, config) in enumerate(points, 1):
         run_dir = os.path.join(root, point_name(settings))
-        report_path = os.path.join(run_dir, "report.json")
+        report_path = RunPaths(run_dir).report
         report = _finished_report(report_path, config)
         if report is None:
             log(f"[{index}/{len(points)}] {point_name(settings)}: training in {run_dir}")

@@ -31,7 +31,6 @@ keeps the spends of the steps it redoes (``lost``), which then draw fresh noise.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Callable
@@ -410,7 +409,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     if model.chosen is not None and model.chosen_step == curves[chosen]["step"]:
         model.use_chosen()               # model.keras holds what the headline measures
         saved_step = model.chosen_step
-    with export.atomic_path(os.path.join(paths.root, "model.keras")) as temporary:
+    with export.atomic_path(paths.model) as temporary:
         model.keras.save(temporary)
     saved = next(point for point in reversed(curves) if point["step"] == saved_step)
     report = {
@@ -429,7 +428,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
         "privacy": privacy, "config": config.to_dict(), "curves": curves,
         "seconds_this_call": time.perf_counter() - started,
     }
-    export.write_json(os.path.join(paths.root, "report.json"), report)
+    export.write_json(paths.report, report)
     log(f"{config.method.value}: test accuracy {report['accuracy']['test_at_chosen']:.4f} at "
         f"step {report['accuracy']['chosen_step']} (chosen on validation; final "
         f"{report['accuracy']['test_final']:.4f}), epsilon {epsilon.epsilon:.4f} at delta "

@@ -514,11 +514,11 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     export.write_json(paths.privacy, privacy)
     images, labels = sample(nets.average, config.num_samples, num_classes, config.z_dim,
                             seeds)
-    samples_path = os.path.join(paths.root, "samples.npz")
+    samples_path = paths.samples
     export.write_samples_npz(samples_path, images, labels)
     grid_images, _ = sample(nets.average, 10 * num_classes, num_classes, config.z_dim,
                             seeds, key=1)
-    export.write_grid_png(os.path.join(paths.root, "samples.png"),
+    export.write_grid_png(paths.grid,
                           export.image_grid(grid_images, num_classes, 10),
                           title="GS-WGAN, " + guarantee_label(
                               epsilon.epsilon, config.delta, proven=proven,
@@ -528,7 +528,7 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     report = {"method": "gswgan", "dataset": config.dataset, "privacy": privacy,
               "warm_start": warm, "config": config.to_dict(), "curves": curves,
               "samples": samples_path, "seconds_this_call": time.perf_counter() - started}
-    export.write_json(os.path.join(paths.root, "report.json"), report)
+    export.write_json(paths.report, report)
     log(f"GS-WGAN: epsilon {epsilon.epsilon:.4f} at delta {config.delta:g} "
         f"({config.accounting.value} accounting, critic updates "
         f"{config.critic_updates.value}{'' if proven else ', NOT proven'}; {other.value}: "

@@ -9,6 +9,9 @@ Layout::
                                ckpt-<step>/ (teachers, generator, optimizer, state)
     <run>/logs/                TensorBoard
     <run>/generator.keras, samples.npz, samples.png, eps-*.data-*.pkl   the outputs
+    <run>/model.keras, report.json                 DP-SGD's and GS-WGAN's outputs
+
+:class:`RunPaths` names every one of them; no trainer spells a file name itself.
 
 A command given an existing run directory resumes it, provided every setting matches the
 saved one except those the trainer lets change (DataLens:
@@ -31,6 +34,17 @@ from typing import Any, Callable, Mapping
 from dclens.common import export
 from dclens.common.rng import entropy_seed
 from dclens.runs import journal as journal_lib
+
+#: The folder a disk-backed teacher bank lives in (inside a checkpoint folder).
+BANK_FOLDER = "bank"
+#: The folder of a run's checkpoint directory that holds one folder per shard.
+SHARDS_FOLDER = "shards"
+
+
+def shard_folder(checkpoint_dir: str, index: int) -> str:
+    """Shard ``index``'s checkpoint folder inside a run's ``checkpoint_dir``."""
+    return os.path.join(checkpoint_dir, SHARDS_FOLDER, f"shard-{index:03d}")
+
 
 class RunDirError(RuntimeError):
     """The output directory cannot be used for this run (nothing was changed)."""
@@ -68,6 +82,51 @@ class RunPaths:
     @property
     def logs(self) -> str:
         return self._join("logs")
+
+    # What a finished run writes (the outputs) and what a method keeps beside them.
+    @property
+    def samples(self) -> str:
+        """``samples.npz``: x float32 [N, H, W, C] in [0, 1], y int64 [N]."""
+        return self._join("samples.npz")
+
+    @property
+    def grid(self) -> str:
+        """``samples.png``: one row of samples per class."""
+        return self._join("samples.png")
+
+    @property
+    def generator(self) -> str:
+        """``generator.keras``: a generative method's trained generator."""
+        return self._join("generator.keras")
+
+    @property
+    def model(self) -> str:
+        """``model.keras``: a private classifier's chosen weights (DP-SGD, GEP)."""
+        return self._join("model.keras")
+
+    @property
+    def report(self) -> str:
+        """``report.json``: a method's summary of the run (GS-WGAN, DP-SGD)."""
+        return self._join("report.json")
+
+    @property
+    def bank(self) -> str:
+        """``checkpoints/bank``: the teachers' state on disk when it does not fit in RAM."""
+        return self._join("checkpoints", BANK_FOLDER)
+
+    @property
+    def shards(self) -> str:
+        """``checkpoints/shards``: one folder of checkpoints per shard worker."""
+        return self._join("checkpoints", SHARDS_FOLDER)
+
+    def shard(self, index: int) -> str:
+        """``checkpoints/shards/shard-<index>``: shard ``index``'s own checkpoints."""
+        return shard_folder(self.checkpoints, index)
+
+    @property
+    def votes(self) -> str:
+        """``votes/``: the released updates (and raw vote sums) of ``--save_vote``."""
+        return self._join("votes")
 
 
 class Mode(enum.Enum):
