@@ -246,3 +246,34 @@ def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_di
                        str(out), "--checkpoint_every", "1"])
     assert code == DIVERGED
     assert json.loads((out / "ledger.json").read_text())["queries"] == 3 * 5
+
+
+def test_a_budget_that_allows_no_step_is_refused_before_anything_is_written(
+        tiny_fmnist_dir, tmp_path):
+    """It used to exit 0 and write an untrained generator's noise as the run's samples."""
+    out = tmp_path / "run"
+    flags = [*VALID]
+    flags[flags.index("--max_eps") + 1] = "0.01"
+    code, err = run_cli([*flags, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
+                         str(out)])
+    assert code == RUN_ERROR, err
+    assert "allows 0 generator steps: one step (1 round(s) of 5 TopAgg queries) costs " \
+           "epsilon = " in err
+    assert "raise --max_eps to at least" in err
+    assert not out.exists()
+
+
+def test_the_budget_line_does_not_pass_the_epoch_cap_off_as_the_budget(tiny_fmnist_dir,
+                                                                        tmp_path):
+    from dclens.datalens import run as run_lib
+
+    lines = []
+    flags = [*VALID]
+    flags[flags.index("--max_eps") + 1] = "5000"
+    config = cli.resolve(cli.build_parser().parse_args(
+        [*flags, "--data_dir", str(tiny_fmnist_dir), "--epoch", "1"]))[1]
+    run_lib.train_run(config, str(tmp_path / "run"), progress=False, log=lines.append)
+    budget = [line for line in lines if line.startswith("the budget epsilon <= 5000 allows")]
+    assert len(budget) == 1, lines
+    allowed = int(budget[0].split(" allows ")[1].split()[0])
+    assert allowed > 2 and "the epoch cap (--epoch 1) ends the run at step" in budget[0]

@@ -41,6 +41,7 @@ from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.datalens import networks  # noqa: F401  (registers the generator's custom layer)
 from dclens.datalens import resume, sharded
+from dclens.datalens import topagg as topagg_lib
 from dclens.datalens.build import bank_location, image_shape_of, load_training_data
 from dclens.datalens.config import DataLensConfig, SaveVotes
 from dclens.datalens.sample import generator_function, sample_generator
@@ -311,19 +312,51 @@ def progress_fields(record) -> dict[str, str]:
             "passed": f"{record.pass_fraction:.3f}"}
 
 
+class BudgetTooSmall(ValueError):
+    """The budget allows no generator step at all; nothing was written."""
+
+
+def _budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
+    """The accountant's arguments for one generator step (g_step rounds of B queries):
+    the mechanism's noise multiplier expressed as TopAgg's sigma / (2 sqrt(k))."""
+    topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
+    multiplier = topagg_lib.noise_multiplier(config.topagg, dim)
+    equivalent_sigma = (config.topagg.sigma
+                        if topagg_lib.sensitivity(config.topagg, dim) == topagg_sensitivity
+                        else multiplier * topagg_sensitivity)
+    orders = (accounting.classic_orders(config.budget.max_order)
+              if config.budget.conversion is accounting.Conversion.CLASSIC else None)
+    return dict(sigma=equivalent_sigma, topk=config.topagg.topk,
+                queries_per_step=batch * config.train.g_step, delta=config.budget.delta,
+                conversion=config.budget.conversion, orders=orders)
+
+
+def steps_within_budget(config: DataLensConfig, batch: int, dim: int) -> int:
+    """Whole generator steps (g_step rounds of ``batch`` queries) the budget allows from
+    nothing spent (the epoch cap aside)."""
+    return accounting.max_steps_within(max_eps=config.budget.max_eps,
+                                       **_budget_arguments(config, batch, dim))
+
+
+def check_budget_allows_a_step(config: DataLensConfig, batch: int, dim: int) -> None:
+    """Refuses (:class:`BudgetTooSmall`, naming what one step costs) a private run whose
+    budget allows no step: it would write an untrained generator's noise as its samples."""
+    if config.train.non_private or steps_within_budget(config, batch, dim) > 0:
+        return
+    one = accounting.epsilon_for(steps=1, **_budget_arguments(config, batch, dim)).epsilon
+    raise BudgetTooSmall(
+        f"the budget epsilon <= {config.budget.max_eps:g} allows 0 generator steps: one step "
+        f"({config.train.g_step} round(s) of {batch} TopAgg queries) costs epsilon = "
+        f"{one:.4g} at delta {config.budget.delta:g} ({config.budget.conversion.value} "
+        f"conversion); raise --max_eps to at least {one:.4g}, or raise --sigma. Nothing "
+        "was written.")
+
+
 def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
-    """Steps the budget allows (g_step rounds of B queries each): the progress bar's end."""
+    """Steps the run will take: the budget's, or the epoch cap where it comes first."""
     if config.train.non_private:
         return total_steps
-    # The mechanism's noise multiplier, expressed as TopAgg's sigma / (2 sqrt(k)).
-    topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
-    equivalent_sigma = (config.topagg.sigma if lens.topagg.sensitivity == topagg_sensitivity
-                        else lens.topagg.noise_multiplier * topagg_sensitivity)
-    return min(total_steps, accounting.max_steps_within(
-        sigma=equivalent_sigma, topk=config.topagg.topk,
-        queries_per_step=lens.batch * config.train.g_step, max_eps=config.budget.max_eps,
-        delta=config.budget.delta, conversion=config.budget.conversion,
-        orders=lens.ledger.orders))
+    return min(total_steps, steps_within_budget(config, lens.batch, lens.shape.dim))
 
 
 def _on_off(flag: bool | None) -> str:
@@ -475,6 +508,10 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     if shards is not None:      # a bad --shards is refused before the data load
         plan_shards(config.train.num_teachers, shards, config.train.teacher_chunk)
     dataset = load_training_data(config)
+    shape = image_shape_of(dataset.spec)        # before anything is written:
+    check_budget_allows_a_step(config, min(config.train.batch_size,
+                                           len(dataset.labels) // config.train.num_teachers),
+                               shape.dim)
     plan = plan_datalens_run(config, output_dir, restart=restart)  # another may have begun
     root_seed = _root_seed(plan, config)
     if plan.set_aside:      # before the bank, which may be created inside the directory
@@ -562,8 +599,11 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
     total_steps = config.train.epochs * lens.steps_per_epoch
     expected_steps = _expected_steps(config, lens, total_steps)
     if not config.train.non_private:
-        log(f"the budget epsilon <= {config.budget.max_eps:g} allows {expected_steps} steps "
-            f"({config.budget.conversion.value} conversion)")
+        budget_steps = steps_within_budget(config, lens.batch, lens.shape.dim)
+        log(f"the budget epsilon <= {config.budget.max_eps:g} allows {budget_steps} steps "
+            f"({config.budget.conversion.value} conversion)"
+            + (f"; the epoch cap (--epoch {config.train.epochs}) ends the run at step "
+               f"{total_steps}" if total_steps < budget_steps else ""))
     bar = _progress(expected_steps, progress)
     if bar is not None and lens.step:
         bar.update(min(lens.step, expected_steps))
