@@ -277,3 +277,30 @@ def test_the_budget_line_does_not_pass_the_epoch_cap_off_as_the_budget(tiny_fmni
     assert len(budget) == 1, lines
     allowed = int(budget[0].split(" allows ")[1].split()[0])
     assert allowed > 2 and "the epoch cap (--epoch 1) ends the run at step" in budget[0]
+
+
+def test_ctrl_c_prints_one_line_that_says_how_to_resume_and_exits_130(tiny_fmnist_dir,
+                                                                     tmp_path, monkeypatch):
+    """It used to end in a 52-line TensorFlow traceback."""
+    from dclens.datalens.train import DataLens
+
+    original = DataLens.train_step
+
+    def interrupted_at_third(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(DataLens, "train_step", interrupted_at_third)
+    out = tmp_path / "run"
+    argv = [*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir", str(out),
+            "--checkpoint_every", "1"]
+    code, err = run_cli(argv)
+    assert code == 130
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("main.py: interrupted at step 2; kept: the privacy ledger (")
+    assert "the checkpoint of step 2" in lines[0]
+    assert lines[0].endswith("resume with: python scripts/main.py " + " ".join(argv))
+    monkeypatch.setattr(DataLens, "train_step", original)
+    assert run_cli(argv)[0] == 0                          # the command it names resumes

@@ -332,3 +332,18 @@ def test_cli_runs_and_reports(tiny_fmnist_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--run_dir", str(tmp_path / "x"), "--topk", "2"])
     assert "topk = 2.0" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_dpsgd_run_prints_one_resume_line_and_exits_130(tmp_path, monkeypatch,
+                                                                    capsys):
+    cli = _cli()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli.train, "train_private_classifier", interrupted)
+    argv = ["--run_dir", str(tmp_path / "run"), "--quiet"]
+    assert cli.main(argv) == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0] == ("dpsgd.py: interrupted before the first step; kept: nothing (no spend "
+                        f"was made); resume with: python scripts/dpsgd.py {' '.join(argv)}")

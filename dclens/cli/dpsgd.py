@@ -23,6 +23,7 @@ import argparse
 import pathlib
 import sys
 
+from dclens.cli import interrupted
 from dclens.common import tf_env
 from dclens.dpsgd.cli import add_config_arguments
 from dclens import data
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             CheckpointError) as error:
         print(f"dpsgd.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return interrupted.report("dpsgd.py", args.run_dir, argv)
     accuracy, privacy = report["accuracy"], report["privacy"]
     print(f"{report['method']}: test {accuracy['test_at_chosen']:.4f} (epoch "
           f"{accuracy['chosen_epoch']:.1f}, chosen on validation) | epsilon "

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import sys
 
+from dclens.cli import interrupted
 from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens.gswgan.accounting import Accounting, CriticUpdates
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
             CheckpointError, OSError) as error:
         print(f"gswgan.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return interrupted.report("gswgan.py", args.run_dir, argv)
     privacy = report["privacy"]
     proven = "" if privacy["accounting_proven"] else " (NOT proven)"
     print(f"gswgan: epsilon {privacy['epsilon']['epsilon']:.4f} at delta {privacy['delta']:g}, "

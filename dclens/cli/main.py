@@ -19,9 +19,10 @@ import argparse
 import os
 import sys
 
-from dclens.datalens import config as cfg  # noqa: E402
-from dclens.common import tf_env  # noqa: E402
-from dclens.privacy.accounting import Conversion  # noqa: E402
+from dclens.datalens import config as cfg
+from dclens.cli import interrupted
+from dclens.common import tf_env
+from dclens.privacy.accounting import Conversion
 from dclens import data
 from dclens.datalens import run
 from dclens.runs.checkpoint import CheckpointError
@@ -407,6 +408,8 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     except run.TrainingDiverged as error:
         print(f"main.py: training diverged: {error}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        return interrupted.report("main.py", output_dir, argv)
     return 0
 
 
