@@ -404,11 +404,11 @@ def test_progress_and_grid_show_only_released_values_and_their_caveats(
     write = export.write_grid_png
     monkeypatch.setattr(export, "write_grid_png", lambda path, grid, *, title="", **kw: (
         titles.append(title), write(path, grid, title=title, **kw))[1])
-    import tqdm
+    from dclens.common.progress import PlainProgress      # stderr is not a terminal here
 
     shown = []
-    postfix = tqdm.tqdm.set_postfix
-    monkeypatch.setattr(tqdm.tqdm, "set_postfix", lambda bar, *args, **fields: (
+    postfix = PlainProgress.set_postfix
+    monkeypatch.setattr(PlainProgress, "set_postfix", lambda bar, *args, **fields: (
         shown.append((args, set(fields))), postfix(bar, *args, **fields))[1])
     config = _tiny_config(tiny_fmnist_dir, accounting="per_sample_paper")
     train.train_gswgan(config, str(tmp_path / "run"), progress=True, log=lambda line: None)

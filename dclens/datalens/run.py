@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from typing import Callable
 
@@ -49,8 +48,9 @@ from dclens.datalens.shards import plan_shards
 from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
 from dclens.common.rng import SeedTree, entropy_seed
-from dclens.runs.rundir import (Mode, RunDirError, RunPaths, plan_run, root_seed as _saved_or_new_seed,
-                           set_aside, write_seed)
+from dclens.common.progress import progress_bar
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, plan_run,
+                                root_seed as _saved_or_new_seed, set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
 
@@ -173,13 +173,7 @@ def other_conversion(ledger: accounting.PrivacyLedger,
 
 
 def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is in requirements.txt
-        return None
-    return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+    return progress_bar(total, unit="step", desc="DataLens") if enabled else None
 
 
 def _no_hook(point: str, step: int) -> None:
@@ -293,8 +287,8 @@ def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar
             tf.summary.image("samples/by_class", class_grid(
                 lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
     if bar is not None:
+        bar.set_postfix(progress_fields(record))      # before update: a plain line shows it
         bar.update(1)
-        bar.set_postfix(progress_fields(record))
 
 
 def progress_fields(record) -> dict[str, str]:

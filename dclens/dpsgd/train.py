@@ -31,7 +31,6 @@ keeps the spends of the steps it redoes (``lost``), which then draw fresh noise.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Callable
 
@@ -47,6 +46,7 @@ from dclens.dpsgd.config import (CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_reco
                                  learning_rate_selection)
 from dclens.common.rng import SeedTree, Stream
 from dclens.evaluation import evaluate
+from dclens.common.progress import progress_bar
 
 FaultHook = Callable[[str, int], None]
 
@@ -334,9 +334,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     writer = tf.summary.create_file_writer(paths.logs)
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total_steps, initial=start, unit="step", dynamic_ncols=True,
-                   file=sys.stderr)
+        bar = progress_bar(total_steps, initial=start, unit="step", desc=config.method.value)
     stop_reason = "steps"
 
     def save_checkpoint(step: int, finished: bool) -> None:

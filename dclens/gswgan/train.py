@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from typing import Callable
 
@@ -52,6 +51,7 @@ from dclens.gswgan import models, steps
 from dclens.gswgan.config import (CHANGEABLE_ON_RESUME, IMPLIED_BY_OLDER_RUNS, GswganConfig,
                                   GswganConfigError)
 from dclens.common.rng import SeedTree, Stream
+from dclens.common.progress import progress_bar
 
 FaultHook = Callable[[str, int], None]
 
@@ -222,9 +222,7 @@ def warm_start(config: GswganConfig, bank: DiscriminatorBank, images, labels, sh
     total, started = config.num_discriminators, time.perf_counter()
     bar = None
     if bar_enabled and done < total:
-        from tqdm import tqdm
-        bar = tqdm(total=total, initial=done, unit="D", desc="warm-start", file=sys.stderr,
-                   dynamic_ncols=True)
+        bar = progress_bar(total, initial=done, unit="D", desc="warm-start")
     graphs: dict[int, _WarmPairs] = {}          # one traced graph per chunk size
     while done < total:
         members = list(range(done, min(total, done + config.warm_chunk)))
@@ -424,9 +422,7 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                    f"{config.critic_updates.value}{'' if proven else '_NOT_proven'}")
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=config.iterations, initial=start, unit="it", desc="DP phase",
-                   dynamic_ncols=True, file=sys.stderr)
+        bar = progress_bar(config.iterations, initial=start, unit="it", desc="DP phase")
 
     def save_checkpoint(iteration: int, finished: bool) -> None:
         bank.flush()
