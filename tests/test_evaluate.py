@@ -313,3 +313,44 @@ def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
     assert not [f for f in files if f.startswith(".tmp-")]
     other = quality.DomainSettings(schedule=DOMAIN.schedule, train_limit=4000)
     assert other.key("fashion_mnist", None) != DOMAIN.key("fashion_mnist", None)
+
+
+def _truncated_npz(folder):
+    rng = np.random.default_rng(3)
+    export.write_samples_npz(folder / "samples.npz", rng.random((50, 28, 28, 1), np.float32),
+                             rng.integers(0, 10, 50))
+    whole = (folder / "samples.npz").read_bytes()
+    (folder / "cut.npz").write_bytes(whole[:len(whole) // 2])
+    return folder / "cut.npz"
+
+
+def _random_npz(folder):
+    (folder / "noise.npz").write_bytes(np.random.default_rng(4).bytes(5000))
+    return folder / "noise.npz"
+
+
+def _truncated_pickle(folder):
+    rows = np.zeros((20, 794), np.float32)
+    (folder / "eps-1.00.data-0.pkl").write_bytes(pickle.dumps(rows)[:3000])
+    return str(folder / "eps-1.00.data")
+
+
+@pytest.mark.parametrize("make, file_name", [(_truncated_npz, "cut.npz"),
+                                             (_random_npz, "noise.npz"),
+                                             (_truncated_pickle, "eps-1.00.data-0.pkl")])
+def test_damaged_sample_files_are_refused_by_name_with_the_fix(tmp_path, make, file_name,
+                                                              capsys):
+    """A truncated .npz or pickle used to escape with a traceback; random bytes got numpy's
+    advice to pass allow_pickle=True (which would run whatever the file holds)."""
+    from conftest import load_script
+
+    given = make(tmp_path)
+    with pytest.raises(evaluate.EvaluationError) as info:
+        evaluate.load_synthetic(given, "fashion_mnist")
+    text = str(info.value)
+    assert file_name in text and "not a readable" in text and "write the samples again" in text
+    assert "allow_pickle" not in text
+    cli = load_script("evaluate")
+    assert cli.main([str(given), "--dataset", "fashion_mnist"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable" in err and "Traceback" not in err

@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import pickle
+import zipfile
 import re
 import time
 from typing import Callable
@@ -246,7 +247,14 @@ def _read_rows(path: str) -> np.ndarray:
             raise EvaluationError(
                 f"cannot unpickle {path} ({type(error).__name__}: {error}); files written "
                 f"by joblib.dump need joblib: pip install joblib") from error
-        rows = joblib.load(path)
+        try:
+            rows = joblib.load(path)
+        except Exception as joblib_error:
+            raise EvaluationError(
+                f"{path} is not a readable pickle of sample rows (truncated or damaged: "
+                f"{type(error).__name__}: {error}); write the samples again (python "
+                "scripts/main.py --checkpoint_dir RUN without --train re-samples a trained "
+                "run) or pass the run's samples.npz") from joblib_error
     rows = np.asarray(rows)
     if rows.ndim != 2:
         raise EvaluationError(f"{path}: expected a 2-D array of rows (pixels + one-hot "
@@ -283,11 +291,21 @@ def read_authors_rows(paths: list[str], spec: data.DatasetSpec) -> data.LabeledI
 
 
 def _read_npz(path: str, spec: data.DatasetSpec) -> data.LabeledImages:
-    with np.load(path, allow_pickle=False) as archive:
-        names = set(archive.files)
-        for image_key, label_key in _NPZ_KEYS:
-            if image_key in names and label_key in names:
-                return _labeled(archive[image_key], archive[label_key], spec, path)
+    damaged = ("; write the samples again (python scripts/main.py --checkpoint_dir RUN "
+               "without --train re-samples a trained run)")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            names = set(archive.files)
+            for image_key, label_key in _NPZ_KEYS:
+                if image_key in names and label_key in names:
+                    return _labeled(archive[image_key], archive[label_key], spec, path)
+    except FileNotFoundError as error:
+        raise EvaluationError(f"{path} not found") from error
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        # numpy's own message for a file that is not an .npz suggests allow_pickle=True,
+        # which would execute whatever the file holds: never that.
+        raise EvaluationError(f"{path} is not a readable .npz archive of samples (truncated "
+                              f"or not an .npz: {type(error).__name__}){damaged}") from error
     raise EvaluationError(f"{path} holds arrays {sorted(names)}; expected images and labels "
                           f"under one of " + ", ".join(f"{a}/{b}" for a, b in _NPZ_KEYS))
 
