@@ -262,3 +262,29 @@ def test_the_progress_bar_shows_no_noise_free_function_of_the_private_data():
     shown = [run.progress_fields(StepRecord(teacher_loss=loss, **common))
              for loss in (0.693, 1.386)]
     assert shown[0] == shown[1] == {"eps": "0.5000", "g_loss": "0.01", "passed": "0.300"}
+
+
+def test_sampling_again_never_overwrites_samples_and_refuses_other_settings(finished_run,
+                                                                           tmp_path):
+    """main.py without --train used to overwrite samples.npz, the pickles and the grid
+    (someone may have evaluated them) and accepted flags the run was not trained with."""
+    from conftest import load_script
+
+    _, _, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = {name: (copy / name).read_bytes() for name in os.listdir(copy)
+              if name.startswith(("samples", "eps-"))}
+    first = run.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
+    second = run.sample_run(str(copy), num_samples=30, seed=2, log=lambda _: None)
+    assert first["samples"] == str(copy / "samples-2" / "samples.npz")
+    assert second["samples"] == str(copy / "samples-3" / "samples.npz")
+    assert {name: (copy / name).read_bytes() for name in before} == before
+    assert len([n for n in os.listdir(copy / "samples-2") if n.endswith(".pkl")]) == 10
+    cli = load_script("main")
+    code = cli.main(["--checkpoint_dir", str(copy), "--dataset", "mnist"])
+    assert code == 2
+    assert not (copy / "samples-4").exists()
+    with pytest.raises(run.RunDirError, match="train.dataset: the run has 'fashion_mnist', "
+                                              "the command 'mnist'"):
+        run.sample_run(str(copy), expect={"train.dataset": "mnist"}, log=lambda _: None)

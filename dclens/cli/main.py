@@ -400,7 +400,13 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
                           shards=args.shards, ray_address=args.ray_address)
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")
-            run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed)
+            # The settings the command names must be the run's (the samples' labels and
+            # shapes come from the saved config).
+            expect = {name: _field(config, name)
+                      for flag, name in (("dataset", "train.dataset"), ("z_dim", "train.z_dim"))
+                      if getattr(args, flag) is not None}
+            run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed,
+                           expect=expect)
     except (data.DataError, run.RunDirError, JournalError, CheckpointError, BankSpaceError,
             ShardError, ValueError) as error:
         print(f"main.py: error: {error}", file=sys.stderr)

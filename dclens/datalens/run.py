@@ -49,7 +49,7 @@ from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
 from dclens.common.rng import SeedTree, entropy_seed
 from dclens.common.progress import progress_bar
-from dclens.runs.rundir import (Mode, RunDirError, RunPaths, plan_run,
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, flatten, plan_run,
                                 root_seed as _saved_or_new_seed, set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
@@ -721,9 +721,27 @@ def write_sample_outputs(generate, shape, config: DataLensConfig, output_dir: st
     return paths
 
 
+def new_sample_set(output_dir: str) -> str:
+    """Where a re-sampling of a trained run writes: the run directory while it holds no
+    samples yet, else the first free ``<run>/samples-<n>`` (n = 2, 3, ...), so samples
+    someone may already have evaluated are never overwritten."""
+    if not os.path.exists(RunPaths(output_dir).samples):
+        return output_dir
+    number = 2
+    while os.path.exists(os.path.join(output_dir, f"samples-{number}")):
+        number += 1
+    return os.path.join(output_dir, f"samples-{number}")
+
+
 def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | None = None,
+               expect: dict[str, object] | None = None,
                log: Callable[[str], None] = print) -> dict[str, str]:
-    """Loads a trained run's generator and writes its samples again (``main.py`` w/o --train)."""
+    """Loads a trained run's generator and writes a new set of its samples (``main.py``
+    without --train) into :func:`new_sample_set` (never over existing samples).
+
+    ``expect``: settings the command line gave ({"train.dataset": ...}); a run trained
+    with other values is refused by name (sampling it would label the samples wrongly).
+    """
     import keras
 
     run_paths = RunPaths(output_dir)
@@ -735,6 +753,16 @@ def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | N
     with open(config_path) as stream:
         saved = json.load(stream)
     config = DataLensConfig.from_dict(saved["config"])
+    differing = [(name, wanted, flatten(config.to_dict()).get(name))
+                 for name, wanted in (expect or {}).items()
+                 if flatten(config.to_dict()).get(name) != wanted]
+    if differing:
+        raise RunDirError(
+            f"{output_dir} holds a run trained with other settings than this command gives: "
+            + "; ".join(f"{name}: the run has {saved_value!r}, the command {wanted!r}"
+                        for name, wanted, saved_value in differing)
+            + "; drop those flags to sample the run as it was trained, or pass --train "
+            "with a new --checkpoint_dir to train one (nothing was written)")
     if num_samples is not None:
         config = config.replace(train={"num_samples": num_samples})
     epsilon = None
@@ -745,5 +773,11 @@ def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | N
     generator = keras.models.load_model(model_path)
     shape = image_shape_of(data.dataset_spec(config.train.dataset))
     seeds = SeedTree(seed if seed is not None else entropy_seed())
-    return write_sample_outputs(generator_function(generator), shape, config, output_dir, seeds, epsilon=epsilon,
+    target = new_sample_set(output_dir)
+    if target != output_dir:
+        log(f"{run_paths.samples} exists (it may have been evaluated): this set goes to "
+            f"{target}; nothing is overwritten")
+        os.makedirs(target)
+    return write_sample_outputs(generator_function(generator), shape, config, target, seeds,
+                                epsilon=epsilon,
                                 batch=saved.get("batch", config.train.batch_size), log=log)
