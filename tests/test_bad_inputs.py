@@ -236,7 +236,7 @@ def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_di
     assert code == DIVERGED
     assert "main.py: training diverged: step 2: the student's loss is not finite (inf)" in err
     assert f"the last good checkpoint is {out}/checkpoints/ckpt-000001" in err
-    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000001", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000001", "seed.json"]
     ledger = json.loads((out / "ledger.json").read_text())
     assert ledger["queries"] == 2 * 5                     # both steps' queries are counted
     assert not (out / "samples.npz").exists()

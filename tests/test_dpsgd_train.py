@@ -97,6 +97,10 @@ def test_a_run_spends_every_step_within_the_budget(tiny_fmnist_dir, tmp_path, me
     chosen = [c for c in report["curves"] if c["step"] == accuracy["chosen_step"]][0]
     assert chosen["validation"] == max(c["validation"] for c in report["curves"])
     assert (tmp_path / "run" / "model.keras").stat().st_size > 0
+    for folder in ("checkpoints", "logs"):
+        assert (tmp_path / "run" / folder / "PRIVATE").is_file()
+    assert "provenance" in json.loads((tmp_path / "run" / "config.json").read_text())
+    assert "publish?" in (tmp_path / "run" / "README.md").read_text()
 
 
 def accuracy_of_saved(report):

@@ -53,6 +53,20 @@ def test_every_output_is_written(finished_run):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(out / "logs"))
 
 
+def test_the_run_directory_says_what_is_private_and_where_it_came_from(finished_run):
+    """A README naming each file and whether it may be published, PRIVATE markers in the
+    private folders, and the command line, commit and package versions in config.json."""
+    _, _, out = finished_run
+    readme = (out / "README.md").read_text()
+    assert "`checkpoints/`" in readme and "**no** (PRIVATE)" in readme
+    for folder in ("checkpoints", "logs"):
+        assert "do not publish" in (out / folder / "PRIVATE").read_text()
+    provenance = json.loads((out / "config.json").read_text())["provenance"]
+    assert provenance["packages"]["tensorflow"] and provenance["python"]
+    assert isinstance(provenance["command"], str) and provenance["command"]
+    assert provenance["git"] is None or len(provenance["git"]["commit"]) == 40
+
+
 def test_budget_stops_before_exceeding(finished_run):
     config, summary, out = finished_run
     assert summary.stop_reason == "budget"
@@ -151,6 +165,14 @@ def test_a_larger_budget_extends_a_finished_run(finished_run, tiny_fmnist_dir, t
     bigger = tiny_config(tiny_fmnist_dir, steps=4)
     more = run.train_run(bigger, str(copy), progress=False, log=lambda _: None)
     assert more.steps == summary.steps + 1
+    # The earlier budget's pickles are set aside, not left beside the new ones (where
+    # they could be mistaken for the run's samples) and not deleted.
+    old = {f"eps-{summary.epsilon:.2f}.data-{i}.pkl" for i in range(10)}
+    new = {f"eps-{more.epsilon:.2f}.data-{i}.pkl" for i in range(10)}
+    assert old != new
+    names = set(os.listdir(copy))
+    assert new <= names and not old & names
+    assert set(os.listdir(copy / "superseded")) == old
 
 
 def test_refuses_directory_of_a_run_with_other_settings(finished_run, tiny_fmnist_dir):

@@ -68,7 +68,7 @@ def test_crash_on_a_checkpoint_boundary_resumes_bit_identically(reference, tiny_
     out = tmp_path / "run"
     with pytest.raises(Crash):
         train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 2))
-    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
     assert not (out / "samples.npz").exists()
     summary = train(tiny_fmnist_dir, out)
     assert summary.resumed_from_step == 2 and summary.lost_queries == 0
@@ -118,7 +118,7 @@ def test_crash_inside_a_checkpoint_write_leaves_the_previous_one(reference, tiny
     out = tmp_path / "run"
     with pytest.raises(Crash):
         train(tiny_fmnist_dir, out, fault_hook=crash_at("checkpoint_before_commit", 3))
-    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
     summary = train(tiny_fmnist_dir, out)
     assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
 
@@ -205,7 +205,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_state(tiny_fmnist_dir, tm
     assert "step 3: the student's loss is not finite" in message
     assert f"counts all {3 * BATCH} queries" in message
     assert "ckpt-000002" in message and "no outputs were written" in message
-    assert sorted(os.listdir(out / "checkpoints")) == ["ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
     assert not (out / "samples.npz").exists() and not (out / "generator.keras").exists()
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["stop_reason"] == "non-finite student loss"

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -82,6 +83,27 @@ def authors_pickle_paths(directory: str | os.PathLike, epsilon: float | None,
     """``eps-1.00.data-0.pkl`` ... as the authors name them; ``non_private`` when no budget."""
     stem = "non_private.data" if epsilon is None else f"eps-{epsilon:.2f}.data"
     return [os.path.join(os.fspath(directory), f"{stem}-{i}.pkl") for i in range(num_files)]
+
+
+#: An authors'-layout pickle: its set's stem and its index.
+_AUTHORS_PICKLE = re.compile(r"((?:eps-[0-9.]+|non_private)\.data)-\d+\.pkl")
+
+
+def set_aside_other_pickle_sets(directory: str | os.PathLike, keep: list[str]) -> list[str]:
+    """Moves every authors'-layout pickle in ``directory`` that is not in ``keep`` (another
+    budget's set, e.g. from before a run was extended) into ``<directory>/superseded/``, so
+    it cannot be mistaken for the run's samples; nothing is deleted.  Returns the moved
+    file names."""
+    directory = os.fspath(directory)
+    kept = {os.path.basename(path) for path in keep}
+    moved = []
+    for name in sorted(os.listdir(directory)):
+        if _AUTHORS_PICKLE.fullmatch(name) and name not in kept:
+            os.makedirs(os.path.join(directory, "superseded"), exist_ok=True)
+            os.replace(os.path.join(directory, name),
+                       os.path.join(directory, "superseded", name))
+            moved.append(name)
+    return moved
 
 
 def write_authors_pickles(directory: str | os.PathLike, images: np.ndarray, labels: np.ndarray,

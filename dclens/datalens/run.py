@@ -49,7 +49,9 @@ from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
 from dclens.common.rng import SeedTree, entropy_seed
 from dclens.common.progress import progress_bar
-from dclens.runs.rundir import (Mode, RunDirError, RunPaths, flatten, plan_run,
+from dclens.common.provenance import provenance
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, flatten, mark_private, plan_run,
+                                write_run_readme,
                                 root_seed as _saved_or_new_seed, set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run", "sample_run"]
@@ -199,7 +201,9 @@ def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
         "records": dataset.records, "partition_size": lens.partition_size,
         "batch": lens.batch, "steps_per_epoch": lens.steps_per_epoch,
         "seed_from_os_entropy": not seeded, "reproducible_noise": seeded,
-        "private": not config.train.non_private})
+        "private": not config.train.non_private, "provenance": provenance()})
+    write_run_readme(plan.paths, "DataLens")
+    mark_private(plan.paths)
     _write_seed(plan, root_seed, seeded)
 
 
@@ -707,6 +711,10 @@ def write_sample_outputs(generate, shape, config: DataLensConfig, output_dir: st
         output_dir, images, labels, num_classes=shape.num_classes,
         epsilon=None if config.train.non_private else (epsilon or 0.0))
     paths["authors_pickles"] = pickles[0]
+    stale = export.set_aside_other_pickle_sets(output_dir, pickles)
+    if stale:
+        log(f"moved {len(stale)} pickles of an earlier budget ({stale[0]} ..) to "
+            f"{os.path.join(output_dir, 'superseded')}: they are not this run's samples")
     spec = data.dataset_spec(config.train.dataset)
     title = accounting.guarantee_label(epsilon, config.budget.delta,
                                        non_private=config.train.non_private,

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from dclens.common import export
+from dclens.common.provenance import provenance
 from dclens.common.rng import entropy_seed
 from dclens.runs import journal as journal_lib
 
@@ -82,6 +83,11 @@ class RunPaths:
     @property
     def logs(self) -> str:
         return self._join("logs")
+
+    @property
+    def readme(self) -> str:
+        """``README.md``: what each file of the run is and which may be published."""
+        return self._join("README.md")
 
     # What a finished run writes (the outputs) and what a method keeps beside them.
     @property
@@ -379,6 +385,51 @@ def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[st
     return OpenedRun(plan.paths, plan.mode is Mode.RESUME, root_seed(plan, config.seed))
 
 
+#: The marker file of a folder that must not be published.
+PRIVATE_MARKER = "PRIVATE"
+
+_PRIVATE_TEXT = ("PRIVATE: do not publish this folder. {why}\n"
+                 "What a run directory holds and which files may be published: ../README.md\n")
+
+_README = """# A dclens run directory ({kind})
+
+Which files may be published (after checking the run's privacy.json):
+
+| file | what it is | publish? |
+|---|---|---|
+| `config.json` | the settings, the command line, the dclens commit, package versions | yes |
+| `privacy.json` | epsilon, delta, the unit of privacy, what the guarantee does not cover | yes |
+| `ledger.json` | the write-ahead privacy journal: every spend, crashes included | yes |
+| `samples.npz`, `samples.png`, `eps-*.data-*.pkl`, `samples-<n>/` | synthetic samples | yes, if privacy.json says the run is private |
+| `generator.keras` / `model.keras` | the trained generator / classifier | yes, if privacy.json says the run is private |
+| `report.json` | the method's summary | yes |
+| `checkpoints/` | the root seed (hence every noise draw), the private models' state (teachers, discriminators), resume state | **no** (PRIVATE) |
+| `logs/` | TensorBoard, including diagnostics computed on the private records without noise | **no** (PRIVATE) |
+| `votes/` | `--save_vote`: released updates; with raw vote sums it is PRIVATE (see its marker) | only without raw sums |
+
+A run made with `--seed` or `--non_private` is not private, whatever it writes.
+"""
+
+
+def mark_private(paths: RunPaths) -> None:
+    """The run's README.md and the PRIVATE markers of its private folders (idempotent)."""
+    os.makedirs(paths.checkpoints, exist_ok=True)
+    os.makedirs(paths.logs, exist_ok=True)
+    for folder, why in ((paths.checkpoints, "It holds the run's root seed, from which every "
+                         "DP noise draw can be recomputed, and the private models' state."),
+                        (paths.logs, "It holds diagnostics computed on the private records "
+                         "without noise (e.g. the teachers' or critics' loss).")):
+        marker = os.path.join(folder, PRIVATE_MARKER)
+        if not os.path.exists(marker):
+            export.atomic_write(marker, lambda s, why=why: s.write(
+                _PRIVATE_TEXT.format(why=why)), mode="w")
+
+
+def write_run_readme(paths: RunPaths, kind: str) -> None:
+    """``<run>/README.md``: what each file is and which may be published."""
+    export.atomic_write(paths.readme, lambda s: s.write(_README.format(kind=kind)), mode="w")
+
+
 def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, Any],
                      ledger):
     """A fresh run's files, in the order that keeps a crash safe: config.json (marks the
@@ -388,7 +439,10 @@ def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, A
     paths = opened.paths
     os.makedirs(paths.checkpoints, exist_ok=True)
     export.write_json(paths.config, {"config": config.to_dict(), "kind": kind, **facts,
-                                     "reproducible_noise": config.seed is not None})
+                                     "reproducible_noise": config.seed is not None,
+                                     "provenance": provenance()})
+    write_run_readme(paths, kind)
+    mark_private(paths)
     write_seed(paths, opened.root_seed, seeded=config.seed is not None)
     journal = journal_lib.PrivacyJournal(paths.journal, ledger)
     journal.write()

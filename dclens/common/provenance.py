@@ -1,0 +1,47 @@
+"""Where a run came from: the command line, the dclens commit and the versions of the
+packages that decide its numbers, recorded in every run's config.json."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shlex
+import subprocess
+import sys
+
+from dclens.common.paths import REPO_ROOT
+
+#: The packages whose versions are recorded.
+PACKAGES = ("tensorflow", "keras", "numpy", "dp-accounting", "scipy")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def commit() -> dict[str, object] | None:
+    """The dclens checkout's commit and whether it had uncommitted changes (None outside a
+    git checkout)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True,
+                                  text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if head is None:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": head, "uncommitted_changes": bool(status)}
+
+
+def provenance() -> dict[str, object]:
+    """{"command", "git", "python", "packages"} for config.json."""
+    return {"command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+            "git": commit(), "python": platform.python_version(),
+            "packages": {name: _version(name) for name in PACKAGES}}
