@@ -256,7 +256,7 @@ def test_tiny_cli_run_writes_a_run(cli_run):
     assert np.load(out / "samples.npz")["x"].shape == (20, 28, 28, 1)
 
 
-def test_sampling_mode_rewrites_samples(cli_run, capsys):
+def test_sampling_mode_writes_a_new_sample_set(cli_run, capsys):
     code, out = cli_run
     assert code == 0
     before = np.load(out / "samples.npz")["x"]
@@ -267,14 +267,17 @@ def test_sampling_mode_rewrites_samples(cli_run, capsys):
     code = cli.main(["--checkpoint_dir", str(out), "--dataset", "fashion_mnist",
                      "--num_samples", "10", "--seed", "2"])
     assert code == 0
-    samples = np.load(out / "samples.npz")
+    np.testing.assert_array_equal(np.load(out / "samples.npz")["x"], before)  # kept
+    new_set = out / "samples-2"
+    samples = np.load(new_set / "samples.npz")
     assert samples["x"].shape == (10, 28, 28, 1)
     assert samples["y"].shape == (10,)
     assert 0.0 <= samples["x"].min() and samples["x"].max() <= 1.0
     assert not np.array_equal(samples["x"], before[:10])   # new latents (seed 2)
     assert (out / "config.json").read_text() == config_before   # the run itself is untouched
-    # The authors' pickles are rewritten under the same names with the same samples.
-    pickles = sorted(out.glob("*.data-*.pkl"), key=lambda p: int(p.name.rsplit("-", 1)[1][:-4]))
+    # The new set's authors' pickles have the run's names and the new samples.
+    pickles = sorted(new_set.glob("*.data-*.pkl"),
+                     key=lambda p: int(p.name.rsplit("-", 1)[1][:-4]))
     assert [p.name for p in pickles] == pickle_names
     xa, ya = export.read_authors_pickles([str(p) for p in pickles], (28, 28, 1), 10)
     np.testing.assert_array_equal(xa, samples["x"])

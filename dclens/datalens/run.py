@@ -339,6 +339,8 @@ def steps_within_budget(config: DataLensConfig, batch: int, dim: int) -> int:
 def check_budget_allows_a_step(config: DataLensConfig, batch: int, dim: int) -> None:
     """Refuses (:class:`BudgetTooSmall`, naming what one step costs) a private run whose
     budget allows no step: it would write an untrained generator's noise as its samples."""
+    if batch < 1 or config.topagg.topk > dim:
+        return          # not a budget question: DataLens refuses these by name
     if config.train.non_private or steps_within_budget(config, batch, dim) > 0:
         return
     one = accounting.epsilon_for(steps=1, **_budget_arguments(config, batch, dim)).epsilon

@@ -296,9 +296,9 @@ def _read_npz(path: str, spec: data.DatasetSpec) -> data.LabeledImages:
     try:
         with np.load(path, allow_pickle=False) as archive:
             names = set(archive.files)
-            for image_key, label_key in _NPZ_KEYS:
-                if image_key in names and label_key in names:
-                    return _labeled(archive[image_key], archive[label_key], spec, path)
+            arrays = next(((archive[image_key], archive[label_key])
+                           for image_key, label_key in _NPZ_KEYS
+                           if image_key in names and label_key in names), None)
     except FileNotFoundError as error:
         raise EvaluationError(f"{path} not found") from error
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
@@ -306,6 +306,8 @@ def _read_npz(path: str, spec: data.DatasetSpec) -> data.LabeledImages:
         # which would execute whatever the file holds: never that.
         raise EvaluationError(f"{path} is not a readable .npz archive of samples (truncated "
                               f"or not an .npz: {type(error).__name__}){damaged}") from error
+    if arrays is not None:
+        return _labeled(*arrays, spec, path)
     raise EvaluationError(f"{path} holds arrays {sorted(names)}; expected images and labels "
                           f"under one of " + ", ".join(f"{a}/{b}" for a, b in _NPZ_KEYS))
 
