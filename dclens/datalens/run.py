@@ -763,9 +763,9 @@ def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | N
     with open(config_path) as stream:
         saved = json.load(stream)
     config = DataLensConfig.from_dict(saved["config"])
-    differing = [(name, wanted, flatten(config.to_dict()).get(name))
-                 for name, wanted in (expect or {}).items()
-                 if flatten(config.to_dict()).get(name) != wanted]
+    trained = flatten(config.to_dict())
+    differing = [(name, wanted, trained.get(name)) for name, wanted in (expect or {}).items()
+                 if trained.get(name) != wanted]
     if differing:
         raise RunDirError(
             f"{output_dir} holds a run trained with other settings than this command gives: "

@@ -4,7 +4,7 @@ Every row of a table runs at one shared scale (teachers, epochs cap, samples), d
 from the Table 1 config only by what the paper's row changes (aggregation, beta, top-k,
 teachers), so the comparison is fair; the report puts the paper's number beside ours.
 
-Paper values (Wang et al., DataLens, CCS 2021; collected in shared/BASELINES.md 4.3-4.4):
+Paper values (Wang et al., DataLens, CCS 2021; its Tables 4, 5 and 7):
 accuracy at epsilon = 1, delta = 1e-5.  Table 6 is the time per epoch of Table 5's rows
 (the paper's on one Tesla T4; ours on this machine's CPU).
 

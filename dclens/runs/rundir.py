@@ -125,10 +125,6 @@ class RunPaths:
         """``checkpoints/shards``: one folder of checkpoints per shard worker."""
         return self._join("checkpoints", SHARDS_FOLDER)
 
-    def shard(self, index: int) -> str:
-        """``checkpoints/shards/shard-<index>``: shard ``index``'s own checkpoints."""
-        return shard_folder(self.checkpoints, index)
-
     @property
     def votes(self) -> str:
         """``votes/``: the released updates (and raw vote sums) of ``--save_vote``."""
