@@ -193,20 +193,25 @@ def test_bad_input_gets_its_error_and_writes_nothing(bad, tmp_path):
         assert not out.exists()
 
 
-def test_a_non_finite_teacher_loss_neither_stops_the_run_nor_reaches_its_outputs(
-        tiny_fmnist_dir, tmp_path, monkeypatch, capsys):
-    """The teachers' loss is a noise-free function of the private records: whether it is
-    finite must not decide when the run stops, nor reach privacy.json or the terminal
-    (it used to stop the run with stop_reason 'non-finite loss')."""
+def _poison_step_one(monkeypatch, **fields) -> None:
+    """Makes DataLens' step 1 report ``fields`` (e.g. a non-finite loss)."""
     from dclens.datalens.train import DataLens
 
     original = DataLens.train_step
 
     def poisoned(self):
         record = original(self)
-        return dataclasses.replace(record, teacher_loss=math.nan) if record.step == 1 else record
+        return dataclasses.replace(record, **fields) if record.step == 1 else record
 
     monkeypatch.setattr(DataLens, "train_step", poisoned)
+
+
+def test_a_non_finite_teacher_loss_neither_stops_the_run_nor_reaches_its_outputs(
+        tiny_fmnist_dir, tmp_path, monkeypatch, capsys):
+    """The teachers' loss is a noise-free function of the private records: whether it is
+    finite must not decide when the run stops, nor reach privacy.json or the terminal
+    (it used to stop the run with stop_reason 'non-finite loss')."""
+    _poison_step_one(monkeypatch, teacher_loss=math.nan)
     out = tmp_path / "run"
     code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
                          str(out)])
@@ -221,15 +226,7 @@ def test_non_finite_loss_stops_keeping_ledger_and_last_checkpoint(tiny_fmnist_di
                                                                   monkeypatch):
     """NaN in the student's loss: exit 3, the message says so; ledger and last good
     checkpoint kept."""
-    from dclens.datalens.train import DataLens
-
-    original = DataLens.train_step
-
-    def poisoned(self):
-        record = original(self)
-        return dataclasses.replace(record, student_loss=math.inf) if record.step == 1 else record
-
-    monkeypatch.setattr(DataLens, "train_step", poisoned)
+    _poison_step_one(monkeypatch, student_loss=math.inf)
     out = tmp_path / "run"
     code, err = run_cli([*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir",
                          str(out), "--checkpoint_every", "1"])
