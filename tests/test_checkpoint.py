@@ -10,7 +10,7 @@ import pytest
 
 from dclens.privacy import accounting
 from dclens.runs import rundir
-from dclens.runs.checkpoint import CheckpointError, CheckpointStore
+from dclens.runs.checkpoint import CheckpointDamaged, CheckpointError, CheckpointStore
 from dclens.datalens.config import demo_preset
 from dclens.datalens.run import plan_datalens_run
 from dclens.runs.journal import JournalError, PrivacyJournal
@@ -35,12 +35,15 @@ def test_save_then_latest_round_trips_every_array(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def test_keeps_only_the_newest(tmp_path):
-    store = CheckpointStore(tmp_path, keep=2)
+def test_keeps_the_newest_two_by_default(tmp_path):
+    """Two, so that a damaged newest checkpoint leaves one to resume from."""
+    store = CheckpointStore(tmp_path)
     for step in (1, 2, 3):
         store.save(step, arrays(step), {})
     assert sorted(os.listdir(tmp_path)) == ["ckpt-000002", "ckpt-000003"]
     assert store.latest().step == 3
+    CheckpointStore(tmp_path, keep=1).save(4, arrays(4), {})
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000004"]
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path):
@@ -73,9 +76,61 @@ def test_a_crash_before_the_rename_leaves_the_previous_checkpoint(tmp_path):
     assert os.listdir(tmp_path) == ["ckpt-000001"]
 
 
-def test_a_damaged_array_is_reported(tmp_path):
+def _garble(path, offset: int) -> None:
+    """Flips one byte at ``offset`` from the end: same size, different bytes."""
+    data = bytearray(path.read_bytes())
+    data[-offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_garbled_array_of_the_right_size_is_refused_by_name(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(1, arrays(1.0), {})
+    store.save(2, arrays(2.0), {})
+    path = tmp_path / "ckpt-000002" / "weights.npy"
+    size = path.stat().st_size
+    _garble(path, 5)                     # inside the float data: still a valid .npy
+    assert path.stat().st_size == size
+    assert np.load(path).shape == (3, 4)           # numpy alone would load it silently
+    latest = store.latest()
+    with pytest.raises(CheckpointDamaged) as error:
+        latest.load_array("weights")
+    message = str(error.value)
+    assert f"{path} is damaged: its SHA-256 is" in message
+    assert f"mv {tmp_path / 'ckpt-000002'} {tmp_path / 'ckpt-000002'}.damaged" in message
+    np.testing.assert_array_equal(latest.load_array("steps"), np.arange(3))  # others fine
+    # Moved aside as the message says, the older checkpoint is the one resumed from.
+    os.rename(tmp_path / "ckpt-000002", tmp_path / "ckpt-000002.damaged")
+    assert store.latest().step == 1
+    assert store.latest().load_array("weights")[0, 0] == 1.0
+
+
+def test_a_garbled_state_file_is_refused_by_name(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(3, arrays(1.0), {"journal_entries": 12})
+    state = tmp_path / "ckpt-000003" / "state.json"
+    text = state.read_text()
+    state.write_text(text.replace('"journal_entries": 12', '"journal_entries": 10'))
+    assert json.loads(state.read_text())["journal_entries"] == 10   # still valid JSON
+    with pytest.raises(CheckpointDamaged, match=f"{state} is damaged: its content does not "
+                                                "match its state_sha256"):
+        store.latest()
+    with pytest.raises(CheckpointDamaged):
+        store.at(3)
+
+
+def test_a_version_1_checkpoint_without_checksums_still_loads_with_its_shape_check(tmp_path):
+    """Checkpoints written before checksums existed resume as before (no digest to check)."""
+    store = CheckpointStore(tmp_path)
+    store.save(1, arrays(1.0), {})
+    state_path = tmp_path / "ckpt-000001" / "state.json"
+    state = json.loads(state_path.read_text())
+    state["version"] = 1
+    del state["state_sha256"]
+    for described in state["arrays"].values():
+        del described["sha256"]
+    state_path.write_text(json.dumps(state))
+    np.testing.assert_array_equal(store.latest().load_array("weights"), arrays(1.0)["weights"])
     path = tmp_path / "ckpt-000001" / "weights.npy"
     np.save(path, np.zeros((2, 2), np.float32))
     with pytest.raises(CheckpointError, match=r"holds float32\[2, 2\], but state.json says "

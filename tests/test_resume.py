@@ -15,6 +15,7 @@ import pytest
 
 from dclens.privacy import accounting
 from dclens.datalens import run
+from dclens.runs.checkpoint import CheckpointDamaged
 from dclens.runs.journal import JournalError, PrivacyJournal
 from dclens.datalens.draws import SeededDraws
 from dclens.datalens.train import DataLens
@@ -68,7 +69,8 @@ def test_crash_on_a_checkpoint_boundary_resumes_bit_identically(reference, tiny_
     out = tmp_path / "run"
     with pytest.raises(Crash):
         train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 2))
-    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000001", "ckpt-000002",
+                                                       "seed.json"]
     assert not (out / "samples.npz").exists()
     summary = train(tiny_fmnist_dir, out)
     assert summary.resumed_from_step == 2 and summary.lost_queries == 0
@@ -118,7 +120,30 @@ def test_crash_inside_a_checkpoint_write_leaves_the_previous_one(reference, tiny
     out = tmp_path / "run"
     with pytest.raises(Crash):
         train(tiny_fmnist_dir, out, fault_hook=crash_at("checkpoint_before_commit", 3))
-    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000001", "ckpt-000002",
+                                                       "seed.json"]
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
+
+
+def test_a_garbled_checkpoint_is_refused_before_any_spend_and_the_older_one_resumes(
+        reference, tiny_fmnist_dir, tmp_path):
+    """Same-size garbage in the newest checkpoint's teacher weights: the resume refuses it by
+    name and spends nothing; moved aside, the run resumes from the one kept before it."""
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out, fault_hook=crash_at("after_checkpoint", 3))
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "ckpt-000003",
+                                                       "seed.json"]
+    weights = out / "checkpoints" / "ckpt-000003" / "teachers_weights.npy"
+    data = bytearray(weights.read_bytes())
+    data[-9] ^= 0x40
+    weights.write_bytes(bytes(data))
+    ledger_before = (out / "ledger.json").read_bytes()
+    with pytest.raises(CheckpointDamaged, match=f"{weights} is damaged: its SHA-256"):
+        train(tiny_fmnist_dir, out)
+    assert (out / "ledger.json").read_bytes() == ledger_before       # nothing spent
+    os.rename(out / "checkpoints" / "ckpt-000003", tmp_path / "ckpt-000003.damaged")
     summary = train(tiny_fmnist_dir, out)
     assert summary.resumed_from_step == 2 and summary.lost_queries == BATCH
 
@@ -205,7 +230,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_state(tiny_fmnist_dir, tm
     assert "step 3: the student's loss is not finite" in message
     assert f"counts all {3 * BATCH} queries" in message
     assert "ckpt-000002" in message and "no outputs were written" in message
-    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000001", "ckpt-000002",
+                                                       "seed.json"]
     assert not (out / "samples.npz").exists() and not (out / "generator.keras").exists()
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["stop_reason"] == "non-finite student loss"

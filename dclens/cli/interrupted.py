@@ -10,7 +10,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from dclens.runs.checkpoint import CheckpointStore
+from dclens.runs.checkpoint import CheckpointError, CheckpointStore
 from dclens.runs.rundir import RunPaths
 
 #: The exit status of a process ended by SIGINT (128 + 2), as shells report it.
@@ -34,8 +34,11 @@ def message(tool: str, run_dir: str, argv: Sequence[str]) -> str:
     """``<tool>: interrupted at step N; kept: ...; resume with: <command>``."""
     paths = RunPaths(run_dir)
     steps = _spent_steps(paths)
-    latest = (CheckpointStore(paths.checkpoints).latest()
-              if os.path.isdir(paths.checkpoints) else None)
+    try:
+        latest = (CheckpointStore(paths.checkpoints).latest()
+                  if os.path.isdir(paths.checkpoints) else None)
+    except CheckpointError:         # a damaged one says so when the run is resumed
+        latest = None
     where = "before the first step" if not steps else f"at step {steps}"
     kept = (f"the privacy ledger ({paths.journal}) and the checkpoint of step {latest.step}"
             if latest is not None else

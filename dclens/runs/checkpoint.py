@@ -5,7 +5,16 @@ A checkpoint is a folder ``ckpt-<step>`` (``step`` = generator steps completed) 
 every file is fsynced, ``state.json`` is written last, then the folder is renamed to its
 final name and the parent folder fsynced.  A folder named ``ckpt-<step>`` is therefore
 always complete; leftovers of a crash (``.tmp-ckpt-*``) are ignored and removed.  Only the
-newest ``keep`` checkpoints are kept; older ones are removed after a newer one is complete.
+newest ``keep`` checkpoints are kept (two by default, so that a damaged newest one leaves an
+older one to resume from); older ones are removed after a newer one is complete.
+
+Integrity: a folder that is complete can still be damaged later (a bad disk, a copy cut
+short, a stray write).  ``state.json`` records the SHA-256 of every array file as it was
+written, and a SHA-256 of its own content (``state_sha256``); reading an array or the state
+recomputes them and refuses a mismatch by file name, before anything of it is used.  A
+run's disk-backed teacher bank is scratch space rewritten every step; its durable copy is
+the checkpoint's teacher arrays, which are checksummed like every other array, and a resume
+restores the bank from them.
 
 The store knows nothing about DataLens: it saves named arrays and a JSON-able state dict
 (see :meth:`dclens.datalens.train.DataLens.state_arrays` for what a run puts in).
@@ -14,6 +23,7 @@ The store knows nothing about DataLens: it saves named arrays and a JSON-able st
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -25,7 +35,11 @@ import numpy as np
 from dclens.common import export
 
 STATE_FILE = "state.json"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+#: Checkpoints of version 1 (before checksums) are still read, without the integrity check.
+_READABLE_VERSIONS = (1, 2)
+_STATE_DIGEST = "state_sha256"
+_READ_CHUNK = 16 << 20
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _ARRAY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -36,6 +50,32 @@ class CheckpointError(RuntimeError):
 
 class CheckpointSpaceError(CheckpointError):
     """The disk has no room for the next checkpoint (nothing was written)."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A complete checkpoint's bytes are not those that were written (checksum mismatch)."""
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _state_sha256(record: Mapping[str, Any]) -> str:
+    """SHA-256 of the state's canonical JSON, without its own digest field."""
+    body = {key: value for key, value in record.items() if key != _STATE_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _damaged(path: str, what: str) -> CheckpointDamaged:
+    folder = os.path.dirname(path)
+    return CheckpointDamaged(
+        f"{path} is damaged: {what}. Nothing of it was used. Move {folder} aside (e.g. "
+        f"mv {folder} {folder}.damaged) to resume from the checkpoint before it (the ledger "
+        "keeps counting the spends made since), or pass --restart")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +90,26 @@ class Checkpoint:
         return sorted(self.state["arrays"])
 
     def load_array(self, name: str, *, mmap: bool = False) -> np.ndarray:
-        """One saved array (memory-mapped read-only when ``mmap``), checked against state."""
+        """One saved array (memory-mapped read-only when ``mmap``), checked against state.
+
+        Raises:
+          CheckpointDamaged: the file's SHA-256 is not the one recorded when it was written.
+        """
         if name not in self.state["arrays"]:
             raise CheckpointError(f"checkpoint {self.path} has no array {name!r} (it has "
                                   f"{self.array_names()})")
         path = os.path.join(self.path, f"{name}.npy")
+        recorded = self.state["arrays"][name].get("sha256")
+        if recorded is not None:
+            try:
+                actual = _file_sha256(path)
+            except OSError as error:
+                raise CheckpointError(f"cannot read {path} ({error}); the checkpoint is "
+                                      "damaged: move it aside to resume from an older one, "
+                                      "or --restart") from error
+            if actual != recorded:
+                raise _damaged(path, f"its SHA-256 is {actual[:16]}..., but {STATE_FILE} "
+                                     f"recorded {recorded[:16]}... when it was written")
         try:
             array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
         except (OSError, ValueError) as error:
@@ -69,11 +124,26 @@ class Checkpoint:
         return array
 
 
-def _save_array(path: str, array: np.ndarray) -> None:
+class _HashingWriter:
+    """A write-only stream that hashes what passes through it to a real file."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.stream.write(data)
+
+
+def _save_array(path: str, array: np.ndarray) -> str:
+    """Writes ``array`` as ``.npy`` durably; returns the SHA-256 of the bytes written."""
     with open(path, "wb") as stream:
-        np.save(stream, array, allow_pickle=False)
+        writer = _HashingWriter(stream)
+        np.save(writer, array, allow_pickle=False)
         stream.flush()
         os.fsync(stream.fileno())
+    return writer.digest.hexdigest()
 
 
 class CheckpointStore:
@@ -81,10 +151,12 @@ class CheckpointStore:
 
     Args:
       directory: the folder of checkpoint folders (created on the first save).
-      keep: how many complete checkpoints to keep (>= 1).
+      keep: how many complete checkpoints to keep (>= 1; two, so that a damaged newest one
+        leaves one to resume from; the disk cost is one more copy of the run's state, and
+        older ones are removed early when the disk has no room for the next).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 1):
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 2):
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.directory = os.fspath(directory)
@@ -136,10 +208,12 @@ class CheckpointStore:
             described = {}
             for name, array in arrays.items():
                 array = np.asarray(array)
-                _save_array(os.path.join(temporary, f"{name}.npy"), array)
-                described[name] = {"shape": list(array.shape), "dtype": str(array.dtype)}
+                digest = _save_array(os.path.join(temporary, f"{name}.npy"), array)
+                described[name] = {"shape": list(array.shape), "dtype": str(array.dtype),
+                                   "sha256": digest}
             record = {"version": CHECKPOINT_VERSION, "step": step, "arrays": described,
                       **dict(state)}
+            record[_STATE_DIGEST] = _state_sha256(record)
             with open(os.path.join(temporary, STATE_FILE), "w") as stream:
                 json.dump(record, stream, indent=2, sort_keys=True)
                 stream.flush()
@@ -203,7 +277,17 @@ class CheckpointStore:
         except (OSError, ValueError) as error:
             raise CheckpointError(f"cannot read {state_path} ({error}); move {path} aside to "
                                   "resume from an older checkpoint, or --restart") from error
-        if state.get("version") != CHECKPOINT_VERSION or state.get("step") != step:
+        if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS \
+                or state.get("step") != step:
             raise CheckpointError(f"{state_path} is not a version-{CHECKPOINT_VERSION} dclens "
                                   f"checkpoint of step {step}")
+        if state["version"] >= 2:
+            recorded = state.get(_STATE_DIGEST)
+            if recorded != _state_sha256(state):
+                raise _damaged(state_path, f"its content does not match its {_STATE_DIGEST} "
+                                           "(recorded when it was written)")
+            missing = [name for name, described in state.get("arrays", {}).items()
+                       if "sha256" not in described]
+            if missing:
+                raise _damaged(state_path, f"it records no SHA-256 for {missing}")
         return Checkpoint(path, step, state)
