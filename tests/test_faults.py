@@ -87,3 +87,26 @@ def test_gswgan_sigkill_after_a_spend_resumes_without_under_counting(tiny_fmnist
     resumed = faults.gswgan_outcome(out)
     assert resumed["lost_queries"] == 1 and resumed["queries"] == faults.STEPS + 1
     assert faults.compare(reference, resumed) == []
+
+
+class _TimedKillRng(random.Random):
+    """Chooses a timed kill (random() < 0.25) at half the reference's time."""
+
+    def random(self):
+        return 0.1
+
+
+def test_a_timed_kill_after_the_run_finished_is_checked_as_an_uninterrupted_run(
+        reference, tmp_path, monkeypatch):
+    """A fast run can finish before its timed kill: nothing was killed, so the trial is not a
+    ledger mismatch -- but the finished run must still equal the reference exactly."""
+    monkeypatch.setattr(faults, "run_child", lambda argv, **kill: 0)
+    monkeypatch.setattr(faults, "outcome", lambda out: dict(reference))
+    record = faults.trial(_TimedKillRng(), str(tmp_path), None, reference, 10.0, 0)
+    assert "kill_after" in record and record["first_exit"] == 0
+    assert record["killed"] is False and record["kill_landed"] is False
+    assert record["failures"] == []
+    different = dict(reference, samples_sha256="0" * 64)
+    monkeypatch.setattr(faults, "outcome", lambda out: different)
+    record = faults.trial(_TimedKillRng(), str(tmp_path), None, reference, 10.0, 1)
+    assert record["failures"] == ["no spend was lost but the samples differ"]
