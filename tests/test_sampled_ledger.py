@@ -109,7 +109,8 @@ def test_state_round_trip_and_tampering_refused():
                        ({**state, "spends": [{"rate": 0.1, "noise_multiplier": -1.0,
                                               "count": 1}]}, "noise"),
                        ({**state, "extra": 1}, "exactly the keys"),
-                       ({**state, "version": 2}, "not a version-1")):
+                       ({**state, "version": 2}, "state version must be 1, got 2"),
+                       ({**state, "kind": "topagg"}, "kind must be 'sampled_gaussian'")):
         with pytest.raises((ValueError, TypeError), match=match):
             SampledGaussianLedger.from_state_dict(bad)
     with pytest.raises(TypeError, match="Poisson-sampled"):

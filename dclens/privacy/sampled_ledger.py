@@ -32,21 +32,16 @@ conversions of :mod:`dclens.privacy.accounting`.  ``queries`` counts steps.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import logging
 import math
 from typing import Any, Mapping, Sequence
 
 import dp_accounting
 
 from dclens.privacy import accounting
-from dclens.privacy.accounting import Conversion, EpsilonReport
+from dclens.privacy.rdp_ledger import (Conversion, RdpLedger, Run, check_count,
+                                       check_int, check_noise_multiplier, check_positive)
 
-_STATE_VERSION = 1
-_STATE_KEYS = frozenset({"version", "kind", "delta", "conversion", "orders", "sampling",
-                         "spends"})
-_SPEND_KEYS = frozenset({"rate", "noise_multiplier", "count"})
 KIND = "sampled_gaussian"
 
 
@@ -68,26 +63,6 @@ class Sampling(enum.Enum):
         if self is Sampling.POISSON:
             return "add or remove one example"
         return "replace one unit (one shard of the sampled population)"
-
-
-class _ExcludedOrderFilter(logging.Filter):
-    """dp_accounting warns when its series for a fractional order does not converge and
-    drops that order; a minimum over fewer orders can only be larger (conservative), so
-    the warning, repeated for every evaluation, is noise to a user."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "failed to converge" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_excluded_orders():
-    logger = logging.getLogger("absl")
-    flt = _ExcludedOrderFilter()
-    logger.addFilter(flt)
-    try:
-        yield
-    finally:
-        logger.removeFilter(flt)
 
 
 def joint_noise_multiplier(event: dp_accounting.DpEvent) -> float:
@@ -114,53 +89,49 @@ def _inverse_squares(event: dp_accounting.DpEvent) -> float:
                     f"{event!r}")
 
 
-class SampledGaussianLedger:
+class SampledGaussianLedger(RdpLedger):
     """Composes subsampled Gaussian steps (module docstring); serialisable, like
-    :class:`dclens.privacy.accounting.PrivacyLedger`, and usable by :class:`dclens.runs.journal.
-    PrivacyJournal` (``queries`` counts steps)."""
+    :class:`dclens.privacy.accounting.PrivacyLedger` (both share
+    :class:`dclens.privacy.rdp_ledger.RdpLedger`), and usable by
+    :class:`dclens.runs.journal.PrivacyJournal` (``queries`` counts steps).
+
+    Runs are ``(rate, z, count)``: ``count`` steps, each sampling at ``rate`` and releasing
+    the Gaussian mechanism(s) of joint noise multiplier ``z``.
+
+    Args:
+      delta, conversion, orders: as for :class:`dclens.privacy.rdp_ledger.RdpLedger`.
+      sampling: the sampler every step uses, hence the adjacency (:class:`Sampling`).
+    """
+
+    STATE_KEYS = frozenset({"version", "kind", "delta", "conversion", "orders", "sampling",
+                            "spends"})
+    SPEND_KEYS = frozenset({"rate", "noise_multiplier", "count"})
 
     def __init__(self, *, delta: float, sampling: Sampling | str = Sampling.POISSON,
                  conversion: Conversion | str = Conversion.DP_ACCOUNTING,
                  orders: Sequence[float] | None = None) -> None:
-        self._delta = accounting._check_delta(delta)
-        self._conversion = accounting._check_conversion(conversion)
-        self._orders = accounting._check_orders(orders, self._conversion)
+        super().__init__(delta=delta, conversion=conversion, orders=orders)
         try:
             self._sampling = Sampling(sampling)
         except ValueError as error:
             raise ValueError(f"sampling must be one of {[s.value for s in Sampling]}, got "
                              f"{sampling!r}") from error
-        self._runs: list[tuple[float, float, int]] = []      # (rate, z, count)
-
-    @property
-    def delta(self) -> float:
-        return self._delta
-
-    @property
-    def conversion(self) -> Conversion:
-        return self._conversion
-
-    @property
-    def orders(self) -> tuple[float, ...]:
-        return self._orders
 
     @property
     def sampling(self) -> Sampling:
         return self._sampling
 
     @property
-    def queries(self) -> int:
-        """Steps spent (each a subsampled mechanism)."""
-        return sum(count for _, _, count in self._runs)
+    def relation(self) -> dp_accounting.NeighboringRelation:
+        return self._sampling.relation
 
     # ------------------------------------------------------------------ spending
-    def _step_runs(self, event: dp_accounting.DpEvent,
-                   multiplier: int = 1) -> list[tuple[float, float, int]]:
+    def _runs_of(self, event: dp_accounting.DpEvent, multiplier: int = 1) -> list[Run]:
         if isinstance(event, dp_accounting.SelfComposedDpEvent):
-            count = accounting._check_int("SelfComposedDpEvent.count", event.count, minimum=0)
-            return self._step_runs(event.event, multiplier * count)
+            count = check_int("SelfComposedDpEvent.count", event.count, minimum=0)
+            return self._runs_of(event.event, multiplier * count)
         if isinstance(event, dp_accounting.ComposedDpEvent):
-            return [run for e in event.events for run in self._step_runs(e, multiplier)]
+            return [run for e in event.events for run in self._runs_of(e, multiplier)]
         if isinstance(event, dp_accounting.PoissonSampledDpEvent):
             self._expect(Sampling.POISSON, event)
             rate = event.sampling_probability
@@ -188,22 +159,8 @@ class SampledGaussianLedger:
                              f"({self._sampling.adjacency}); got a {sampling.value} event "
                              f"{event!r}: use a ledger per sampler")
 
-    @staticmethod
-    def _append(runs, rate: float, z: float, count: int) -> None:
-        if count == 0:
-            return
-        if runs and runs[-1][:2] == (rate, z):
-            runs[-1] = (rate, z, runs[-1][2] + count)
-        else:
-            runs.append((rate, z, count))
-
-    def spend(self, event: dp_accounting.DpEvent) -> None:
-        """Records ``event`` (validated as a whole before anything is recorded)."""
-        for rate, z, count in self._step_runs(event):
-            self._append(self._runs, rate, z, count)
-
-    # ------------------------------------------------------------------ reporting
-    def _event(self, runs) -> dp_accounting.DpEvent:
+    # ------------------------------------------------------------------ events and state
+    def _event(self, runs: Sequence[Run]) -> dp_accounting.DpEvent:
         def step(rate, z):
             gaussian = dp_accounting.GaussianDpEvent(noise_multiplier=z)
             if self._sampling is Sampling.POISSON:
@@ -216,70 +173,29 @@ class SampledGaussianLedger:
             dp_accounting.SelfComposedDpEvent(event=step(rate, z), count=count)
             for rate, z, count in runs])
 
-    def dp_event(self) -> dp_accounting.DpEvent:
-        """Everything spent so far as one ``DpEvent``."""
-        return self._event(self._runs)
+    def _extra_state(self) -> dict[str, Any]:
+        return {"kind": KIND, "sampling": self._sampling.value}
 
-    def _report(self, runs) -> EpsilonReport:
-        account = dp_accounting.rdp.RdpAccountant(orders=list(self._orders),
-                                                  neighboring_relation=self._sampling.relation)
-        with _quiet_excluded_orders():
-            account.compose(self._event(runs))
-        if self._conversion is Conversion.DP_ACCOUNTING:
-            epsilon, order = account.get_epsilon_and_optimal_order(self._delta)
-        else:
-            epsilon, order = accounting._classic_epsilon(account.orders, account.rdp,
-                                                         self._delta)
-        return EpsilonReport(epsilon=float(epsilon), order=float(order), delta=self._delta,
-                             conversion=self._conversion)
-
-    def epsilon(self) -> EpsilonReport:
-        """The (epsilon, delta) guarantee of everything spent so far."""
-        return self._report(self._runs)
-
-    def epsilon_after_event(self, event: dp_accounting.DpEvent) -> EpsilonReport:
-        """What :meth:`epsilon` would report after ``spend(event)``, without spending."""
-        runs = list(self._runs)
-        for rate, z, count in self._step_runs(event):
-            self._append(runs, rate, z, count)
-        return self._report(runs)
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "kind": KIND, "delta": self._delta,
-                "conversion": self._conversion.value, "orders": list(self._orders),
-                "sampling": self._sampling.value,
-                "spends": [{"rate": rate, "noise_multiplier": z, "count": count}
-                           for rate, z, count in self._runs]}
+    def _spend_state(self, run: Run) -> dict[str, Any]:
+        rate, z, count = run
+        return {"rate": rate, "noise_multiplier": z, "count": count}
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> SampledGaussianLedger:
-        """Rebuilds the ledger exactly; refuses a malformed or tampered state by name."""
-        if not isinstance(state, Mapping) or set(state) != _STATE_KEYS:
-            raise ValueError(f"a SampledGaussianLedger state has exactly the keys "
-                             f"{sorted(_STATE_KEYS)}, got "
-                             f"{sorted(state) if isinstance(state, Mapping) else state!r}; "
-                             f"restore it from an unmodified state_dict()")
-        if state["version"] != _STATE_VERSION or state["kind"] != KIND:
-            raise ValueError(f"state version {state['version']!r} / kind {state['kind']!r} is "
-                             f"not a version-{_STATE_VERSION} {KIND} ledger")
-        ledger = cls(delta=state["delta"], sampling=state["sampling"],
-                     conversion=state["conversion"], orders=state["orders"])
-        if not isinstance(state["spends"], (list, tuple)):
-            raise TypeError(f"'spends' must be a list, got {state['spends']!r}")
-        for i, spend in enumerate(state["spends"]):
-            if not isinstance(spend, Mapping) or set(spend) != _SPEND_KEYS:
-                raise ValueError(f"spends[{i}] must have exactly the keys "
-                                 f"{sorted(_SPEND_KEYS)}, got {spend!r}")
-            rate = spend["rate"]
-            if not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
-                    and 0 < rate <= 1):
-                raise ValueError(f"spends[{i}]['rate'] must be in (0, 1], got {rate!r}")
-            z = accounting._check_noise_multiplier(spend["noise_multiplier"])
-            count = accounting._check_int(f"spends[{i}]['count']", spend["count"], minimum=1,
-                                          hint="the ledger never records empty spends")
-            cls._append(ledger._runs, float(rate), z, count)
-        return ledger
+    def _empty_from_state(cls, state: Mapping[str, Any]) -> SampledGaussianLedger:
+        if state["kind"] != KIND:
+            raise ValueError(f"SampledGaussianLedger state kind must be {KIND!r}, got "
+                             f"{state['kind']!r}")
+        return cls(delta=state["delta"], sampling=state["sampling"],
+                   conversion=state["conversion"], orders=state["orders"])
+
+    @classmethod
+    def _run_from_state(cls, index: int, spend: Mapping[str, Any]) -> Run:
+        rate = spend["rate"]
+        if not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                and 0 < rate <= 1):
+            raise ValueError(f"spends[{index}]['rate'] must be in (0, 1], got {rate!r}")
+        return (float(rate), check_noise_multiplier(spend["noise_multiplier"]),
+                check_count(index, spend["count"]))
 
     def __repr__(self) -> str:
         return (f"SampledGaussianLedger(delta={self._delta!r}, sampling="
@@ -306,9 +222,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, rate: float, steps: int
 
     Epsilon decreases as sigma grows, so a bracket then bisection (on log sigma).
     """
-    target_epsilon = accounting._check_positive("target_epsilon", target_epsilon)
-    steps = accounting._check_int("steps", steps, minimum=1)
-    releases = accounting._check_int("releases", releases, minimum=1)
+    target_epsilon = check_positive("target_epsilon", target_epsilon)
+    steps = check_int("steps", steps, minimum=1)
+    releases = check_int("releases", releases, minimum=1)
 
     def epsilon(sigma: float) -> float:
         ledger = SampledGaussianLedger(delta=delta, sampling=sampling, conversion=conversion)
