@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from dclens import data
-from dclens.parity import side_by_side, tf1_compat
+from dclens.parity import compare, side_by_side, tf1_compat
 
 AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "authors-datalens"
 
@@ -152,11 +152,11 @@ def test_vote_differences_are_explained_only_by_near_ties():
     ours[0, 0, 4] = 2.0001                                  # swaps ranks 4 and 5
     our_votes = np.array([[1, 1, 1, 0, 1, 0]])
     their_votes = np.array([[1, 1, 1, 1, 0, 0]])
-    result = side_by_side.explain_vote_differences(ours, their, our_votes, their_votes, 4)
+    result = compare.explain_vote_differences(ours, their, our_votes, their_votes, 4)
     assert result == {"pairs_with_different_topk": 1, "vote_sum_mismatches": 2,
                       "vote_sum_mismatches_unexplained": 0}
     # The same top-k sets but a different vote: nothing explains it.
-    result = side_by_side.explain_vote_differences(their, their, np.array([[-1, 1, 1, 1, 0, 0]]),
+    result = compare.explain_vote_differences(their, their, np.array([[-1, 1, 1, 1, 0, 0]]),
                                                    their_votes, 4)
     assert result == {"pairs_with_different_topk": 0, "vote_sum_mismatches": 1,
                       "vote_sum_mismatches_unexplained": 1}
