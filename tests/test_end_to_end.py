@@ -9,7 +9,7 @@ import pytest
 
 from dclens.privacy import accounting
 from dclens.common import export
-from dclens.datalens import run
+from dclens.datalens import outputs, run
 from dclens.datalens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
 
 TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
@@ -200,10 +200,10 @@ def test_sample_mode_reloads_generator(finished_run, tmp_path):
     _, _, out = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    paths = run.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
+    paths = outputs.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
     assert np.load(paths["samples"])["x"].shape == (30, 28, 28, 1)
     with pytest.raises(run.RunDirError, match="train a model first"):
-        run.sample_run(str(tmp_path / "empty"), log=lambda _: None)
+        outputs.sample_run(str(tmp_path / "empty"), log=lambda _: None)
 
 
 # ------------------------------------------------------------------ --save_vote
@@ -223,7 +223,7 @@ def test_save_vote_writes_the_released_updates_and_raw_sums_only_when_asked(
         raw = "vote_sum" in saved.files
         if raw:
             vote_sum = saved["vote_sum"]
-    marker = out / run.RAW_VOTES_MARKER
+    marker = out / outputs.RAW_VOTES_MARKER
     if kind is SaveVotes.UPDATES:
         assert not raw and not marker.exists()
     else:
@@ -297,8 +297,8 @@ def test_sampling_again_never_overwrites_samples_and_refuses_other_settings(fini
     shutil.copytree(out, copy)
     before = {name: (copy / name).read_bytes() for name in os.listdir(copy)
               if name.startswith(("samples", "eps-"))}
-    first = run.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
-    second = run.sample_run(str(copy), num_samples=30, seed=2, log=lambda _: None)
+    first = outputs.sample_run(str(copy), num_samples=30, seed=1, log=lambda _: None)
+    second = outputs.sample_run(str(copy), num_samples=30, seed=2, log=lambda _: None)
     assert first["samples"] == str(copy / "samples-2" / "samples.npz")
     assert second["samples"] == str(copy / "samples-3" / "samples.npz")
     assert {name: (copy / name).read_bytes() for name in before} == before
@@ -309,4 +309,4 @@ def test_sampling_again_never_overwrites_samples_and_refuses_other_settings(fini
     assert not (copy / "samples-4").exists()
     with pytest.raises(run.RunDirError, match="train.dataset: the run has 'fashion_mnist', "
                                               "the command 'mnist'"):
-        run.sample_run(str(copy), expect={"train.dataset": "mnist"}, log=lambda _: None)
+        outputs.sample_run(str(copy), expect={"train.dataset": "mnist"}, log=lambda _: None)

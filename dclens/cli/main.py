@@ -24,7 +24,7 @@ from dclens.cli import interrupted
 from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens import data
-from dclens.datalens import run
+from dclens.datalens import outputs, run
 from dclens.runs.checkpoint import CheckpointError
 from dclens.runs.journal import JournalError
 from dclens.datalens.sharded import ShardError
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
             expect = {name: _field(config, name)
                       for flag, name in (("dataset", "train.dataset"), ("z_dim", "train.z_dim"))
                       if getattr(args, flag) is not None}
-            run.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed,
+            outputs.sample_run(output_dir, num_samples=args.num_samples, seed=args.seed,
                            expect=expect)
     except (data.DataError, run.RunDirError, JournalError, CheckpointError, BankSpaceError,
             ShardError, ValueError) as error:
