@@ -68,6 +68,9 @@ def test_compare_catches_a_smaller_epsilon(reference):
     failures = faults.compare(reference, forged)
     assert failures and "< uninterrupted" in failures[0]
     assert faults.compare(reference, dict(reference, queries=reference["queries"] - 1))
+    # A lost spend after the last completed step is in the ledger's total, not the curve.
+    smaller = dict(reference, epsilon=reference["epsilon"] * 0.9)
+    assert "the ledger's epsilon" in faults.compare(reference, smaller)[0]
 
 
 def test_gswgan_sigkill_after_a_spend_resumes_without_under_counting(tiny_fmnist_dir,
