@@ -58,6 +58,13 @@ def foreign_run_dir(out: pathlib.Path) -> None:
     (out / "model.ckpt-100.index").write_text("an authors' TF1 checkpoint")
 
 
+def gswgan_run_dir(out: pathlib.Path) -> None:
+    """A GS-WGAN run directory (its config.json names its kind)."""
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"config": {"iterations": 5},
+                                                 "kind": "gswgan"}))
+
+
 def other_run_dir(out: pathlib.Path) -> None:
     """A dclens run directory whose run used sigma 30 and 2 teachers."""
     _, other, _, _ = cli.resolve(cli.build_parser().parse_args(
@@ -139,6 +146,11 @@ MATRIX = [
         "settings (see {out}/config.json), choose a new --checkpoint_dir, or pass --restart "
         "to set the old run aside and start over (nothing was changed)",
         RUN_ERROR, data={}, run_dir=other_run_dir),
+    Bad("checkpoint dir of another tool's run", (),
+        "main.py: error: --checkpoint_dir '{out}' holds a GS-WGAN run (scripts/gswgan.py), "
+        "not a DataLens run (scripts/main.py, reproduce.py or tables.py), so it cannot be "
+        "resumed here; choose a new --checkpoint_dir, or pass --restart to set it aside and "
+        "start over (nothing was changed)", RUN_ERROR, data={}, run_dir=gswgan_run_dir),
     Bad("checkpoint dir of something else", (),
         "main.py: error: --checkpoint_dir '{out}' is not empty and is not a dclens run (it "
         "holds model.ckpt-100.index); choose a new or empty directory, or pass --restart to "

@@ -26,6 +26,7 @@ from dclens.common import tf_env
 from dclens.evaluation import classifiers, evaluate, quality
 from dclens import data
 from dclens.evaluation import authors_protocol
+from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +94,34 @@ def settings_from_args(args: argparse.Namespace, dataset: str):
     return settings.replace(**changes)
 
 
+def _saved_run_config(path: str) -> dict | None:
+    """:func:`evaluate.run_dir_config`, with a damaged config.json beside the input
+    refused by name (it used to end in a bare JSON or type error)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    candidate = os.path.join(folder, "config.json")
+    try:
+        saved = evaluate.run_dir_config(path)
+    except (OSError, ValueError) as error:
+        saved, problem = None, str(error)
+    else:
+        train = saved.get("train") if isinstance(saved, dict) else None
+        if saved is None or (isinstance(train, dict)
+                             and isinstance(train.get("dataset"), str)):
+            return saved
+        problem = "no config.train.dataset"
+    raise evaluate.EvaluationError(
+        f"{candidate} cannot be read ({problem}); it should be the settings of the run "
+        "that wrote the samples: restore it, or evaluate a copy of the samples in a folder "
+        "without it (with --dataset and --data_dir)")
+
+
+def _check_name(parser: argparse.ArgumentParser, name: str) -> None:
+    if not name or name in (".", "..") or os.sep in name or "/" in name:
+        parser.error(f"--name {name!r} must be a file name stem without '/' (the outputs "
+                     f"are <out>/<name>.json and <out>/<name>.png); e.g. --name "
+                     f"evaluation-2, and --out for another folder")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evaluate.py", description=__doc__.split("\n\n")[0],
@@ -119,22 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.input) == bool(args.real):
         parser.error("give exactly one of: an input path, or --real")
+    _check_name(parser, args.name)
 
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
-        saved = None if args.real else evaluate.run_dir_config(args.input)
+        saved = None if args.real else _saved_run_config(args.input)
         dataset = args.dataset or (saved["train"]["dataset"] if saved else "fashion_mnist")
         settings = settings_from_args(args, dataset)
         if args.real:
+            out = args.out or os.path.join("runs", f"eval-real-{evaluate.base_dataset(dataset)}")
+            check_output_dir(out)
             record = evaluate.cached_real_reference(dataset, args.data_dir, settings=settings,
                                                     cache_dir=args.cache_dir, log=log)
-            out = args.out or os.path.join("runs", f"eval-real-{evaluate.base_dataset(dataset)}")
         else:
             folder = args.input if os.path.isdir(args.input) else os.path.dirname(args.input)
             out = args.out or folder or "."
+            check_output_dir(out)
             state = None
             if settings.authors is not None:          # hours of SGD: resumable
-                os.makedirs(out, exist_ok=True)
                 state = evaluate.authors_state_file(out, args.name, settings.authors)
             record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
                                             settings=settings, cache_dir=args.cache_dir,
@@ -143,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                         *(sys.argv[1:] if argv is None else argv)])
         paths = evaluate.write_outputs(record, out, args.name)
     except (evaluate.EvaluationError, data.DataError, classifiers.ScheduleError,
-            ValueError) as error:
+            RunDirError, ValueError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 2
     print(evaluate.summary_line(record))

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from dclens.privacy import accounting
 from dclens.gswgan import accounting as gs_accounting
+from dclens.gswgan.config import GswganConfig, GswganConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +131,12 @@ def gswgan_main(argv: Sequence[str]) -> int:
                         choices=[c.value for c in accounting.Conversion])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    try:        # the settings' own checks, as scripts/gswgan.py applies them
+        GswganConfig(target_eps=args.target_eps, sigma=args.sigma,
+                     iterations=args.iterations, num_discriminators=args.num_discriminators,
+                     batch_size=args.batch_size, delta=args.delta, conversion=args.conversion)
+    except GswganConfigError as error:
+        parser.error(str(error))
     common = dict(num_discriminators=args.num_discriminators, batch_size=args.batch_size,
                   iterations=args.iterations, delta=args.delta, conversion=args.conversion)
     results = {}
@@ -162,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return gswgan_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.queries_per_step < 1:
+        parser.error(f"--queries_per_step must be an integer >= 1, got "
+                     f"{args.queries_per_step}; it is the number of TopAgg calls per "
+                     "generator step (the fake batch size, e.g. 30).")
     if args.target_eps is not None:
         mode = "calibrate_sigma"
         if args.sigma is not None:

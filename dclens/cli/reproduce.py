@@ -27,6 +27,7 @@ from dclens.cli import evaluate as _EVAL_CLI
 from dclens.evaluation import classifiers, evaluate
 from dclens.datalens import config, run
 from dclens import data
+from dclens.runs import output_checks
 from dclens.experiments import reproduce
 from dclens.evaluation import authors_protocol
 add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
@@ -95,6 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_paths(options: reproduce.ReproduceOptions, out: str, run_dir: str, *,
+                train: bool) -> None:
+    """Refuses, before anything runs, a report folder (--out) that cannot be written (it
+    is written after training and evaluation) and, when training, a --run_dir that cannot
+    hold this run: not writable, another tool's run, or a run with other settings.
+    Creates nothing.
+
+    Raises:
+      output_checks.RunDirError: naming the flag, the path and what to do.
+    """
+    output_checks.check_output_dir(out)
+    if not train:
+        return
+    output_checks.check_run_kind(run_dir, "datalens", restart=False)
+    run.plan_datalens_run(reproduce.build_config(options)[0], run_dir, flag="--run_dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -127,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = None if args.add_authors is not None else settings_from_args(args,
                                                                                  args.dataset)
     except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
-            config.ConfigError) as error:
+            config.ConfigError, ValueError) as error:
         parser.error(str(error))
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
@@ -149,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             reproduce.rerender(args.out or os.path.join("results", options.default_name()),
                                note=args.note, log=log)
             return 0
+        out = args.out or os.path.join("results", options.default_name())
+        run_dir = args.run_dir or os.path.join("runs", "reproduce", options.default_name())
+        check_paths(options, out, run_dir, train=not args.skip_train)
         report = reproduce.reproduce(
-            options, out_dir=args.out, run_dir=args.run_dir, settings=settings,
+            options, out_dir=out, run_dir=run_dir, settings=settings,
             skip_train=args.skip_train, reference=not args.no_reference,
             cache_dir=args.cache_dir, command=command, note=args.note or "",
             progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Sequence
 
@@ -26,6 +27,7 @@ from dclens.common.paths import REPO_ROOT
 from dclens.common import export
 from dclens.data import DataError
 from dclens.parity import side_by_side, tf1_compat
+from dclens.runs.output_checks import RunDirError, check_output_file
 
 DEFAULT_REPO = REPO_ROOT.parent / "shared" / "authors-datalens"
 
@@ -64,8 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses values the harness would otherwise take into minutes of TF1 training
+    (SideBySideConfig checks the counts and the partition)."""
+    if not (math.isfinite(args.sigma) and args.sigma > 0):
+        parser.error(f"--sigma must be a finite number > 0, got {args.sigma!r}; it is the "
+                     "std of the Gaussian noise on the vote sums, e.g. 40")
+    if not 0 <= args.thresh < 1:
+        parser.error(f"--thresh must be in [0, 1), got {args.thresh!r}; votes pass at "
+                     "thresh x teachers, e.g. 0.5")
+    if not (math.isfinite(args.max_grad) and args.max_grad > 0):
+        parser.error(f"--max_grad must be a finite number > 0, got {args.max_grad!r}; it is "
+                     "the gradient clip bound (the paper uses 1e-5)")
+    for name in ("pretrain_teacher", "seed"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be an integer >= 0, got {getattr(args, name)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
 
     try:
         config = side_by_side.SideBySideConfig(
@@ -74,11 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             thresh=args.thresh, d_step=args.d_step, pretrain_teacher=args.pretrain_teacher,
             max_grad=args.max_grad, stochastic=args.stochastic, z_dim=args.z_dim,
             seed=args.seed, data_dir=args.data_dir)
+        if args.out:        # written at the end: refuse a path that cannot take it now
+            check_output_file(args.out, "--out", "side_by_side.json")
         report = side_by_side.run_side_by_side(config, args.authors_repo,
                                                perturb=args.perturb,
                                                free_running=args.free_running)
-    except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError) as error:
-        print(f"side_by_side.py: {error}", file=sys.stderr)
+    except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError,
+            RunDirError) as error:
+        print(f"side_by_side.py: error: {error}", file=sys.stderr)
         return 2
     verdict = {True: "all steps agree", False: "DISAGREEMENT",
                None: "free-running trajectories (not judged)"}[report["agree"]]

@@ -18,6 +18,7 @@ import os
 import sys
 
 from dclens.experiments import table1
+from dclens.runs.output_checks import RunDirError, check_writable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unwritable_markdown(markdown: str) -> str | None:
+    """Why the section and the figure beside ``markdown`` cannot be written, or None;
+    checked before either is written."""
+    folder = os.path.dirname(os.path.abspath(markdown))
+    if os.path.isdir(markdown):
+        return (f"--markdown {markdown!r} is a directory; give the markdown file to write, "
+                f"e.g. {os.path.join(markdown, 'README.md')}")
+    if not os.path.isdir(folder):
+        return (f"--markdown {markdown!r}: its folder {folder!r} does not exist; create it "
+                f"or choose another file")
+    try:
+        check_writable(folder, "--markdown")
+    except RunDirError as error:
+        return str(error)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not os.path.isdir(args.results):
@@ -41,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
               f"that holds the reproduction reports (results/<name>/report.json)",
               file=sys.stderr)
         return 2
-    runs = table1.collect(args.results)
+    try:
+        runs = table1.collect(args.results)
+    except table1.ReportError as error:
+        print(f"table1.py: error: {error}", file=sys.stderr)
+        return 2
     if not runs:
         print(f"table1.py: error: no paper-config report.json under {args.results!r}; run "
               f"scripts/reproduce.py <dataset> --eps E first", file=sys.stderr)
@@ -50,13 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         print(table1.render(runs))
         return 0
     markdown = args.markdown or os.path.join(args.results, "README.md")
+    problem = unwritable_markdown(markdown)
+    if problem is not None:
+        print(f"table1.py: error: {problem}", file=sys.stderr)
+        return 2
     figure = os.path.join(os.path.dirname(os.path.abspath(markdown)), "table1.png")
-    table1.plot(runs, figure)
-    try:
+    try:        # the section first: its marker check refuses before anything is written
         table1.write_section(markdown, table1.render(runs, figure="table1.png"))
     except ValueError as error:
         print(f"table1.py: error: {error}", file=sys.stderr)
         return 2
+    table1.plot(runs, figure)
     print(f"{len(runs)} runs -> {markdown} and {figure}")
     return 0
 

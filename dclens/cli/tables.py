@@ -33,6 +33,7 @@ from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
 from dclens.experiments import reproduce, tables
+from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,11 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.table == "6" and (args.rows or args.render):
         parser.error("--row and --render are for the accuracy tables; Table 6 is read "
                      "from --bench")
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
+                     f"got {args.checkpoint_every}")
+    try:        # checked for every table: a nonsensical number is refused, not ignored
+        base = reproduce.ReproduceOptions(
+            dataset=args.dataset, eps=1, scale=args.scale, teachers=args.teachers,
+            epochs=args.train_epochs, num_samples=args.num_samples,
+            max_records=args.max_records, data_dir=args.data_dir,
+            teacher_chunk=args.teacher_chunk)
+        if args.matched_noise and args.table != "6":
+            base = tables.matched_noise(base)
+    except reproduce.ReproduceError as error:
+        parser.error(str(error))
     if args.table == "6":
         out = args.out or os.path.join("results", "tables", f"table6-{args.dataset}")
         try:
+            check_output_dir(out)
             summary = tables.write_table6(args.bench, args.dataset, out)
-        except reproduce.ReproduceError as error:
+        except (reproduce.ReproduceError, RunDirError) as error:
             print(f"tables.py: error: {error}", file=sys.stderr)
             return 2
         for row in summary["rows"]:
@@ -97,16 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"table: {os.path.join(out, 'table.md')}")
         return 0
 
-    try:
-        base = reproduce.ReproduceOptions(
-            dataset=args.dataset, eps=1, scale=args.scale, teachers=args.teachers,
-            epochs=args.train_epochs, num_samples=args.num_samples,
-            max_records=args.max_records, data_dir=args.data_dir,
-            teacher_chunk=args.teacher_chunk)
-        if args.matched_noise:
-            base = tables.matched_noise(base)
-    except reproduce.ReproduceError as error:
-        parser.error(str(error))
     scale_tag = base.default_name()[len(f"{args.dataset}-eps1"):]
     out = args.out or os.path.join("results", "tables",
                                    f"table{args.table}-{args.dataset}{scale_tag}")
@@ -121,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
         settings = settings_from_args(args, args.dataset)
+        check_output_dir(out)
         summary = tables.run_table(args.table, base, out_dir=out, log=log,
                                    settings=settings, cache_dir=args.cache_dir,
                                    progress=not args.quiet,
                                    checkpoint_every=args.checkpoint_every,
                                    only=args.rows, train=not args.render)
-    except (reproduce.ReproduceError, ValueError, OSError) as error:
+    except (reproduce.ReproduceError, RunDirError, ValueError, OSError) as error:
         print(f"tables.py: error: {error}", file=sys.stderr)
         return 2
     for row in summary["rows"]:

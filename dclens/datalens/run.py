@@ -45,10 +45,9 @@ from dclens.datalens.shards import plan_shards
 from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
 from dclens.common.progress import progress_bar
-from dclens.common.provenance import provenance
-from dclens.runs.rundir import (Mode, RunDirError, RunPaths, mark_private, plan_run,
-                                write_run_readme,
-                                root_seed as _saved_or_new_seed, set_aside, write_seed)
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, create_run_files, open_journal,
+                                plan_run, restore_latest, root_seed as _saved_or_new_seed,
+                                set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run"]
 
@@ -74,9 +73,11 @@ DATA_DEPENDENT_PARTITION_WARNING = (
     "partition (--noshuffle) is data-independent.")
 
 
-def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False):
-    """:func:`dclens.runs.rundir.plan_run` with DataLens' resume rule."""
-    return plan_run(config, output_dir, restart=restart,
+def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False,
+                      flag: str = "--checkpoint_dir"):
+    """:func:`dclens.runs.rundir.plan_run` with DataLens' resume rule (``flag``: the option
+    that named ``output_dir``: main.py's --checkpoint_dir, reproduce.py's --run_dir)."""
+    return plan_run(config, output_dir, restart=restart, kind="datalens", flag=flag,
                     differences_of=resume.resume_differences,
                     privacy_relevant=resume.PRIVACY_RELEVANT)
 
@@ -187,24 +188,22 @@ def _write_seed(plan, root_seed: int, seeded: bool) -> None:
 
 
 def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
-                 root_seed: int) -> None:
-    """Creates the folder, config.json and the seed file of a new run."""
-    os.makedirs(plan.paths.root, exist_ok=True)
+                 root_seed: int) -> PrivacyJournal:
+    """A new run's files (:func:`dclens.runs.rundir.create_run_files`); its journal."""
     seeded = config.train.seed is not None
-    export.write_json(plan.paths.config, {
-        "config": config.to_dict(), "dataset_source": dataset.source,
-        "records": dataset.records, "partition_size": lens.partition_size,
-        "batch": lens.batch, "steps_per_epoch": lens.steps_per_epoch,
-        "seed_from_os_entropy": not seeded, "reproducible_noise": seeded,
-        "private": not config.train.non_private, "provenance": provenance()})
-    write_run_readme(plan.paths, "DataLens")
-    mark_private(plan.paths)
-    _write_seed(plan, root_seed, seeded)
+    return create_run_files(
+        plan.paths, config.to_dict(), kind="DataLens", root_seed=root_seed, seeded=seeded,
+        facts={"dataset_source": dataset.source, "records": dataset.records,
+               "partition_size": lens.partition_size, "batch": lens.batch,
+               "steps_per_epoch": lens.steps_per_epoch, "seed_from_os_entropy": not seeded,
+               "private": not config.train.non_private},
+        ledger=lens.ledger)
 
 
 def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
             ) -> tuple[PrivacyJournal, list[dict], int | None, bool]:
-    """Loads the journal and the newest checkpoint into ``lens``.
+    """Loads the journal and the newest checkpoint into ``lens``
+    (:func:`dclens.runs.rundir.open_journal`, :func:`dclens.runs.rundir.restore_latest`).
 
     Returns (journal, epsilon curve so far, the step resumed from, finished?).
     """
@@ -212,41 +211,23 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
     if removed:
         log(f"removed {len(removed)} incomplete checkpoint(s) left by a crash")
     latest = store.latest()
-    if os.path.exists(plan.paths.journal):
-        journal = PrivacyJournal.load(plan.paths.journal)
-    elif latest is not None and latest.state["journal_entries"] > 0:
-        raise RunDirError(f"{plan.paths.journal} is missing but the checkpoint {latest.path} "
-                          "saw spends: the privacy ledger is lost; the run cannot be resumed "
-                          "(pass --restart, and count the old run's spends yourself)")
-    elif os.path.exists(plan.paths.privacy):
-        # Runs write ledger.json before their first step; privacy.json without it is a run
-        # of an older dclens (or a damaged one) whose spends the journal would not know.
-        raise RunDirError(f"{plan.paths.privacy} exists but {plan.paths.journal} does not: "
-                          "this run was written by an older dclens without a privacy journal "
-                          "(or damaged), so it cannot be resumed with a complete ledger; pass "
-                          "--restart to set it aside and start over")
-    else:
-        journal = PrivacyJournal(plan.paths.journal, lens.ledger)
-    curve, entries, finished = [], 0, False
-    if latest is not None:
-        if latest.state["root_seed"] != lens.root_seed:
-            raise RunDirError(f"{latest.path} was written with another root seed than "
-                              f"{plan.paths.seed}; the run directory is damaged: --restart")
-        lens.load_state_arrays(lambda name: latest.load_array(name, mmap=True),
-                               latest.array_names(), latest.step)
-        curve = list(latest.state["curve"])
-        entries = latest.state["journal_entries"]
-        finished = bool(latest.state.get("finished"))
+    journal = open_journal(plan.paths, latest, new_ledger=lambda: lens.ledger)
+
+    def load(checkpoint) -> None:
+        lens.load_state_arrays(lambda name: checkpoint.load_array(name, mmap=True),
+                               checkpoint.array_names(), checkpoint.step)
+
+    restored = restore_latest(store, journal, root_seed=lens.root_seed,
+                              seed_path=plan.paths.seed, load=load, curve_key="curve")
     lens.ledger = journal.ledger
-    lost = journal.resume(entries_at_checkpoint=entries, resumed_from_step=lens.step)
     # Every resume that lost spends draws fresh DP noise from here on (see noise_seed).
     lens.noise_attempt = len(journal.lost)
-    lost_queries = sum(spend.queries for spend in lost)
+    lost_queries = sum(spend.queries for spend in restored.lost)
     where = f"checkpoint {latest.path}" if latest is not None else "the start (no checkpoint)"
     log(f"resuming at step {lens.step} from {where}; the ledger counts {journal.queries} "
         f"queries" + (f", {lost_queries} of them from steps whose results were lost in the "
                       "crash (still counted, see ledger.json 'lost')" if lost_queries else ""))
-    return journal, curve, lens.step, finished
+    return journal, restored.curves, lens.step, restored.finished
 
 
 def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curve: list[dict],
@@ -519,9 +500,7 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
 
     resumed_from, finished = None, False
     if plan.mode is Mode.FRESH:
-        _begin_fresh(plan, config, dataset, lens, root_seed)
-        journal, curve = PrivacyJournal(plan.paths.journal, lens.ledger), []
-        journal.write()
+        journal, curve = _begin_fresh(plan, config, dataset, lens, root_seed), []
     else:
         journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
         if not os.path.exists(plan.paths.seed):

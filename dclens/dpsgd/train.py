@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from dclens.common import export
-from dclens.runs import journal as journal_lib, rundir
+from dclens.runs import rundir
 from dclens.privacy import sampled_ledger
 from dclens.runs.checkpoint import CheckpointStore
 from dclens.dpsgd import gep as gep_lib
@@ -284,7 +284,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
 
 
     started = time.perf_counter()
-    opened = rundir.open_run(config, run_dir, restart=restart,
+    opened = rundir.open_run(config, run_dir, kind="dpsgd", restart=restart,
                              changeable=CHANGEABLE_ON_RESUME, log=log)
     paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
     seeds = SeedTree(root_seed)
@@ -311,14 +311,16 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     store = CheckpointStore(paths.checkpoints)
     if not resuming:
         journal = rundir.create_run_files(
-            opened, config, kind="dpsgd", facts={"dataset_source": records.source, **facts},
+            paths, config.to_dict(), kind="dpsgd", root_seed=root_seed,
+            seeded=config.seed is not None, facts={"dataset_source": records.source, **facts},
             ledger=sampled_ledger.SampledGaussianLedger(delta=config.delta,
                                                         conversion=config.conversion))
         start, curves, already_finished = 0, [], False
     else:
-        journal = journal_lib.PrivacyJournal.load(paths.journal)
-        restored = rundir.restore_latest(store, journal, root_seed=root_seed,
-                                         seed_path=paths.seed, load=model.load)
+        journal = rundir.open_journal(paths, store.latest())
+        restored = rundir.restore_latest(
+            store, journal, root_seed=root_seed, seed_path=paths.seed,
+            load=lambda checkpoint: model.load(checkpoint.load_array))
         start, curves, already_finished = restored.start, restored.curves, restored.finished
         if restored.state:
             model.load_chosen(restored.state.get("chosen_step"))

@@ -71,10 +71,40 @@ class RunFacts:
         return self.dataset, self.eps, self.partition, self.fake_rendering
 
 
+class ReportError(ValueError):
+    """A report.json under the results folder cannot be read (the message names it)."""
+
+
 def read_report(path: str) -> RunFacts:
-    """The facts of one ``report.json``."""
-    with open(path, encoding="utf-8") as handle:
-        report = json.load(handle)
+    """The facts of one ``report.json``.
+
+    Raises:
+      ReportError: the file is unreadable, not JSON, or lacks a field (named).
+    """
+    try:
+        return _facts(path, _load_report(path))
+    except (KeyError, TypeError, AttributeError, IndexError) as error:
+        problem = f"no {error}" if isinstance(error, KeyError) else str(error)
+        raise ReportError(_unreadable(path, problem)) from error
+
+
+def _unreadable(path: str, problem: str) -> str:
+    return (f"{path} is not a readable reproduction report ({problem}); restore it from the "
+            "run that wrote it (scripts/reproduce.py), or move its folder out of --results")
+
+
+def _load_report(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ReportError(_unreadable(path, str(error))) from error
+    if not isinstance(report, dict):
+        raise ReportError(_unreadable(path, f"a JSON {type(report).__name__}, not an object"))
+    return report
+
+
+def _facts(path: str, report: dict) -> RunFacts:
     record = report["evaluation"]
     protocols = record["protocols"]
     accuracy = {"val": protocols["val"]["accuracy"], "sen": protocols["sen"]["accuracy"]}
@@ -119,14 +149,17 @@ def read_report(path: str) -> RunFacts:
 
 
 def collect(results_dir: str) -> list[RunFacts]:
-    """Every paper-config report under ``results_dir`` (one folder per run), by name."""
+    """Every paper-config report under ``results_dir`` (one folder per run), by name.
+
+    Raises:
+      ReportError: a report cannot be read (every report is read, so that a damaged one
+        is named rather than silently left out).
+    """
     runs = []
     paths = glob.glob(os.path.join(results_dir, "*", "report.json"))
     for path in sorted(paths, key=lambda p: os.path.basename(os.path.dirname(p))):
-        with open(path, encoding="utf-8") as handle:
-            if not json.load(handle).get("paper_config"):
-                continue
-        runs.append(read_report(path))
+        if _load_report(path).get("paper_config"):
+            runs.append(read_report(path))
     return runs
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from dclens import data
 from dclens.common import export
-from dclens.runs import journal as journal_lib, rundir
+from dclens.runs import rundir
 from dclens.privacy.accounting import HYPERPARAMETER_SELECTION, guarantee_label
 from dclens.runs.checkpoint import CheckpointStore
 from dclens.gswgan import accounting as gs_accounting
@@ -355,7 +355,7 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     import tensorflow as tf
 
     started = time.perf_counter()
-    opened = rundir.open_run(config, run_dir, restart=restart,
+    opened = rundir.open_run(config, run_dir, kind="gswgan", restart=restart,
                              changeable=CHANGEABLE_ON_RESUME, log=log,
                              implied=IMPLIED_BY_OLDER_RUNS)
     paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
@@ -385,10 +385,11 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     store = CheckpointStore(paths.checkpoints)
     if not resuming:
         journal = rundir.create_run_files(
-            opened, config, kind="gswgan", facts={"dataset_source": records.source, **facts},
+            paths, config.to_dict(), kind="gswgan", root_seed=root_seed,
+            seeded=config.seed is not None, facts={"dataset_source": records.source, **facts},
             ledger=gs_accounting.new_ledger(delta=config.delta, conversion=config.conversion))
     else:
-        journal = journal_lib.PrivacyJournal.load(paths.journal)
+        journal = rundir.open_journal(paths, store.latest())
     progress_path = os.path.join(paths.root, "warmstart.json")
     if not os.path.exists(bank_path) and os.path.exists(progress_path):
         raise rundir.RunDirError(
@@ -403,8 +404,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                       bar_enabled=progress, hook=hook)
     start, curves, already_finished = 0, [], False
     if resuming:
-        restored = rundir.restore_latest(store, journal, root_seed=root_seed,
-                                         seed_path=paths.seed, load=nets.load)
+        restored = rundir.restore_latest(
+            store, journal, root_seed=root_seed, seed_path=paths.seed,
+            load=lambda checkpoint: nets.load(checkpoint.load_array))
         start, curves, already_finished = restored.start, restored.curves, restored.finished
         lost = restored.lost
         log(f"resuming at iteration {start}; the ledger counts {journal.queries} spends"

@@ -27,7 +27,6 @@ import dataclasses
 import enum
 import json
 import os
-import tempfile
 import time
 from typing import Any, Callable, Mapping
 
@@ -35,6 +34,7 @@ from dclens.common import export
 from dclens.common.provenance import provenance
 from dclens.common.rng import entropy_seed
 from dclens.runs import journal as journal_lib
+from dclens.runs.output_checks import RunDirError, check_run_kind, check_writable
 
 #: The folder a disk-backed teacher bank lives in (inside a checkpoint folder).
 BANK_FOLDER = "bank"
@@ -45,10 +45,6 @@ SHARDS_FOLDER = "shards"
 def shard_folder(checkpoint_dir: str, index: int) -> str:
     """Shard ``index``'s checkpoint folder inside a run's ``checkpoint_dir``."""
     return os.path.join(checkpoint_dir, SHARDS_FOLDER, f"shard-{index:03d}")
-
-
-class RunDirError(RuntimeError):
-    """The output directory cannot be used for this run (nothing was changed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,23 +183,6 @@ def describe_differences(differences: list[tuple[str, Any, Any]],
     return "; ".join(parts)
 
 
-def _check_writable(path: str, flag: str = "--checkpoint_dir") -> None:
-    """The nearest existing ancestor must be a folder we can create files in (probed)."""
-    ancestor = os.path.abspath(path)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise RunDirError(f"{flag} {path!r} cannot be created: {ancestor!r} is a "
-                          "file, not a directory; choose another path")
-    try:   # os.access says yes to root even on read-only mounts: really try
-        with tempfile.TemporaryFile(dir=ancestor, prefix=".dclens-probe-"):
-            pass
-    except OSError as error:
-        raise RunDirError(f"{flag} {path!r} is not writable (cannot create a file "
-                          f"in {ancestor!r}: {error.strerror}); choose a writable "
-                          "directory") from error
-
-
 def read_saved_config(paths: RunPaths) -> dict[str, Any]:
     """The ``config`` section of a run's config.json."""
     try:
@@ -214,26 +193,29 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
                           "damaged: pass --restart to set it aside and start over") from error
 
 
-def plan_run(config, output_dir: str, *, differences_of, restart: bool = False,
-             flag: str = "--checkpoint_dir",
+def plan_run(config, output_dir: str, *, differences_of, kind: str,
+             restart: bool = False, flag: str = "--checkpoint_dir",
              privacy_relevant: frozenset[str] = frozenset()) -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
 
     ``config``: any config with ``to_dict()``; ``differences_of(saved_dict, config)``
     lists the settings that forbid resuming (each trainer's rule: DataLens'
     :func:`dclens.datalens.resume.resume_differences`, or :func:`differences_except`).
-    ``flag``: the command-line option that named ``output_dir``, as the messages quote
-    it; ``privacy_relevant``: settings the refusal tags as such.
+    ``kind``: the trainer's key in :data:`dclens.runs.output_checks.RUN_KINDS` (a run of
+    another trainer is refused as such); ``flag``: the command-line option that named
+    ``output_dir``, as the messages quote it; ``privacy_relevant``: settings the refusal
+    tags as such.
 
     Raises:
       RunDirError: the path is a file or not writable; the folder holds something that is
-        not a dclens run; or it holds a run whose settings differ (named in the message).
+        not a dclens run, or another trainer's run; or it holds a run whose settings
+        differ (named in the message).
     """
     paths = RunPaths(output_dir)
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise RunDirError(f"{flag} {output_dir!r} exists and is not a directory; "
                           "choose another path")
-    _check_writable(output_dir, flag)
+    check_writable(output_dir, flag)
     if not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return RunPlan(Mode.FRESH, paths)
     if restart:
@@ -244,6 +226,7 @@ def plan_run(config, output_dir: str, *, differences_of, restart: bool = False,
             f"{flag} {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
             "empty directory, or pass --restart to move it aside (nothing was changed)")
+    check_run_kind(output_dir, kind, flag=flag)
     differences = differences_of(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
@@ -282,19 +265,50 @@ class Restored:
     state: dict = dataclasses.field(default_factory=dict)
 
 
-def restore_latest(store, journal, *, root_seed: int, seed_path: str, load) -> Restored:
-    """Loads the newest complete checkpoint of ``store`` (``load(checkpoint.load_array)``
-    restores the model) and marks the journal's spends after it as lost.  Refuses a
-    checkpoint written under another root seed.  No checkpoint: step 0, all spends lost."""
+def open_journal(paths: RunPaths, latest, *, new_ledger: Callable[[], Any] | None = None):
+    """The write-ahead journal of a run being resumed (``latest``: its newest checkpoint).
+
+    A run writes its journal before its first spend, so a missing journal is refused
+    whenever the run may have spent: the checkpoint counts journal entries, or
+    ``privacy.json`` exists (a run of an older dclens, without a journal, or a damaged
+    one).  With ``new_ledger`` (DataLens), a run showing neither -- a crash between its
+    config.json and its journal's first write -- gets a new empty journal over
+    ``new_ledger()``; without it the missing journal is refused as unreadable.
+    """
+    if os.path.exists(paths.journal):
+        return journal_lib.PrivacyJournal.load(paths.journal)
+    if latest is not None and latest.state["journal_entries"] > 0:
+        raise RunDirError(f"{paths.journal} is missing but the checkpoint {latest.path} "
+                          "saw spends: the privacy ledger is lost; the run cannot be resumed "
+                          "(pass --restart, and count the old run's spends yourself)")
+    if os.path.exists(paths.privacy):
+        # Runs write ledger.json before their first step; privacy.json without it is a run
+        # of an older dclens (or a damaged one) whose spends the journal would not know.
+        raise RunDirError(f"{paths.privacy} exists but {paths.journal} does not: "
+                          "this run was written by an older dclens without a privacy journal "
+                          "(or damaged), so it cannot be resumed with a complete ledger; pass "
+                          "--restart to set it aside and start over")
+    if new_ledger is None:
+        return journal_lib.PrivacyJournal.load(paths.journal)     # refuses: not found
+    return journal_lib.PrivacyJournal(paths.journal, new_ledger())
+
+
+def restore_latest(store, journal, *, root_seed: int, seed_path: str, load,
+                   curve_key: str = "curves") -> Restored:
+    """Loads the newest complete checkpoint of ``store`` (``load(checkpoint)`` restores
+    the model from a :class:`dclens.runs.checkpoint.Checkpoint`) and marks the journal's
+    spends after it as lost.  Refuses a checkpoint written under another root seed.  No
+    checkpoint: step 0, all spends lost.  ``curve_key``: the state's key of the curves
+    (DataLens' checkpoints say ``curve``)."""
     store.remove_partial()
     latest = store.latest()
     start, curves, entries, finished, state = 0, [], 0, False, {}
     if latest is not None:
         if latest.state["root_seed"] != root_seed:
             raise RunDirError(f"{latest.path} was written with another root seed than "
-                              f"{seed_path}: the run is damaged; --restart")
-        load(latest.load_array)
-        start, curves = latest.step, list(latest.state["curves"])
+                              f"{seed_path}: the run directory is damaged; --restart")
+        load(latest)
+        start, curves = latest.step, list(latest.state[curve_key])
         entries = latest.state["journal_entries"]
         finished = bool(latest.state.get("finished"))
         state = dict(latest.state)
@@ -367,14 +381,14 @@ def write_seed(paths: RunPaths, root_seed: int, *, seeded: bool) -> None:
     export.write_json(paths.seed, {"root_seed": root_seed, "from_os_entropy": not seeded})
 
 
-def open_run(config, output_dir: str, *, restart: bool, changeable: frozenset[str],
-             log: Callable[[str], None],
+def open_run(config, output_dir: str, *, kind: str, restart: bool,
+             changeable: frozenset[str], log: Callable[[str], None],
              implied: Mapping[str, Any] | None = None) -> OpenedRun:
     """:func:`plan_run` for a flat ``to_dict()`` config (settings in ``changeable`` may
     differ on resume; ``implied``: :func:`differences_except`), the old run set aside
     under ``restart``, and the root seed (:func:`root_seed` from ``config.seed``).  Used
     by the trainers beside DataLens'."""
-    plan = plan_run(config, output_dir, restart=restart,
+    plan = plan_run(config, output_dir, restart=restart, kind=kind,
                     differences_of=differences_except(changeable, implied), flag="--run_dir")
     if plan.set_aside:
         log(f"set the old run aside: {set_aside(output_dir)}")
@@ -426,20 +440,20 @@ def write_run_readme(paths: RunPaths, kind: str) -> None:
     export.atomic_write(paths.readme, lambda s: s.write(_README.format(kind=kind)), mode="w")
 
 
-def create_run_files(opened: OpenedRun, config, *, kind: str, facts: dict[str, Any],
-                     ledger):
+def create_run_files(paths: RunPaths, config_dict: dict[str, Any], *, kind: str,
+                     facts: dict[str, Any], root_seed: int, seeded: bool, ledger):
     """A fresh run's files, in the order that keeps a crash safe: config.json (marks the
-    folder a dclens run), the PRIVATE seed file, and an empty write-ahead journal over
-    ``ledger``, which is returned (``dclens.runs.journal.PrivacyJournal``)."""
-
-    paths = opened.paths
+    folder a dclens run: the settings ``config_dict``, ``kind``, ``facts``, whether the
+    noise is reproducible, the provenance), the README and PRIVATE markers, the PRIVATE
+    seed file, and an empty write-ahead journal over ``ledger``, which is returned
+    (``dclens.runs.journal.PrivacyJournal``).  Every trainer creates its run here."""
     os.makedirs(paths.checkpoints, exist_ok=True)
-    export.write_json(paths.config, {"config": config.to_dict(), "kind": kind, **facts,
-                                     "reproducible_noise": config.seed is not None,
+    export.write_json(paths.config, {"config": config_dict, "kind": kind, **facts,
+                                     "reproducible_noise": seeded,
                                      "provenance": provenance()})
     write_run_readme(paths, kind)
     mark_private(paths)
-    write_seed(paths, opened.root_seed, seeded=config.seed is not None)
+    write_seed(paths, root_seed, seeded=seeded)
     journal = journal_lib.PrivacyJournal(paths.journal, ledger)
     journal.write()
     return journal
