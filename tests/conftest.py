@@ -26,6 +26,21 @@ def load_script(name: str):
     return importlib.import_module(f"dclens.cli.{name}")
 
 
+def run_tool(name: str, argv: list[str]) -> tuple[int, str]:
+    """Runs ``scripts/<name>.py argv`` in-process: (exit status, what it printed on
+    stderr); stdout is discarded."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = load_script(name).main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
 def write_idx(path, array: np.ndarray) -> None:
     """Writes a uint8 IDX file (gzipped when the name ends in .gz)."""
     header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)

@@ -8,10 +8,8 @@ were before (or the run directory still does not exist).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
-import io
 import json
 import math
 import os
@@ -20,7 +18,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from conftest import load_script, snapshot, write_idx
+from conftest import load_script, run_tool, snapshot, write_idx
 
 cli = load_script("main")
 
@@ -174,13 +172,8 @@ MATRIX = [
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = cli.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    return code, err.getvalue()
+    """main.py's exit status and stderr."""
+    return run_tool("main", argv)
 
 
 def test_the_matrix_has_at_least_20_rows():

@@ -16,10 +16,8 @@ error instead of minutes of TF1 training.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
-import io
 import json
 import os
 import pathlib
@@ -33,7 +31,7 @@ from dclens.dpsgd.cli import config_from_args
 from dclens.experiments import reproduce as reproduce_lib
 from dclens.gswgan.config import GswganConfig
 from dclens.runs import output_checks
-from conftest import load_script, snapshot, write_idx
+from conftest import load_script, run_tool, snapshot, write_idx
 
 USAGE = 2           # every tool's exit status for a bad flag, path or input file
 
@@ -390,18 +388,6 @@ MATRIX = [
         "and '<!-- table1:end -->') or remove the one left",
         write_file("site/README.md", "# Results\n<!-- table1:end -->\n")),
 ]
-
-
-def run_tool(module: str, argv: list[str]) -> tuple[int, str]:
-    """The tool's exit status and what it printed on stderr."""
-    tool = load_script(module)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = tool.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    return code, err.getvalue()
 
 
 @pytest.mark.parametrize("saved", [{"config": {"train": {}, "topagg": {}, "budget": {}}},

@@ -367,7 +367,7 @@ def test_a_run_from_before_critic_updates_existed_resumes_only_as_keep(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"config": saved}))
     with pytest.raises(rundir.RunDirError,
                        match="--run_dir .* critic_updates: saved 'keep', now 'discard'"):
-        rundir.open_run(GswganConfig(), str(tmp_path), restart=False,
+        rundir.open_run(GswganConfig(), str(tmp_path), kind="gswgan", restart=False,
                         changeable=CHANGEABLE_ON_RESUME, log=lambda line: None,
                         implied=IMPLIED_BY_OLDER_RUNS)
 
