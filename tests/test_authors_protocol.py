@@ -73,7 +73,7 @@ def test_range_reads_the_first_pickles_and_is_checked():
 
 
 def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
-    from dclens.evaluation import classifiers, evaluate
+    from dclens.evaluation import classifiers, evaluate, record_outputs
 
     synthetic, test = _labeled(100, 0), _labeled(40, 1)
     settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
@@ -84,8 +84,8 @@ def test_evaluate_reports_the_authors_protocol_beside_val_and_sen(tmp_path):
     assert authors["accuracy"] == max(authors["curve"]["test_accuracy"])
     assert authors["settings"]["range"] == 1 and not authors["authors_settings"]
     assert record["headline"] == "val"
-    assert "authors (range 1)" in evaluate.summary_line(record)
-    paths = evaluate.write_outputs(record, tmp_path)
+    assert "authors (range 1)" in record_outputs.summary_line(record)
+    paths = record_outputs.write_outputs(record, tmp_path)
     assert (tmp_path / "evaluation.png").stat().st_size > 0 and paths["json"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dclens.evaluation import classifiers, evaluate, quality
+from dclens.evaluation import classifiers, evaluate, quality, record_outputs
 from dclens import data
 from dclens.common import export
 
@@ -62,7 +62,7 @@ def test_real_images_give_high_accuracy_noise_gives_chance(real, cache_dir, tmp_
         schedule=classifiers.Schedule(batch_size=64, epochs=2)), log=lambda _: None)
     assert noise["protocols"]["val"]["accuracy"] < 0.2
 
-    paths = evaluate.write_outputs(record, tmp_path / "out")
+    paths = record_outputs.write_outputs(record, tmp_path / "out")
     saved = json.loads(Path(paths["json"]).read_text())
     assert saved["protocols"]["val"]["accuracy"] == record["protocols"]["val"]["accuracy"]
     assert Path(paths["png"]).stat().st_size > 1000

@@ -23,7 +23,7 @@ import shlex
 import sys
 
 from dclens.common import tf_env
-from dclens.evaluation import classifiers, evaluate, quality
+from dclens.evaluation import classifiers, evaluate, quality, record_outputs
 from dclens import data
 from dclens.evaluation import authors_protocol
 from dclens.runs.output_checks import RunDirError, check_output_dir
@@ -166,18 +166,18 @@ def main(argv: list[str] | None = None) -> int:
             check_output_dir(out)
             state = None
             if settings.authors is not None:          # hours of SGD: resumable
-                state = evaluate.authors_state_file(out, args.name, settings.authors)
+                state = record_outputs.authors_state_file(out, args.name, settings.authors)
             record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
                                             settings=settings, cache_dir=args.cache_dir,
                                             authors_state_path=state, log=log)
         record["command"] = shlex.join(["python", "scripts/evaluate.py",
                                         *(sys.argv[1:] if argv is None else argv)])
-        paths = evaluate.write_outputs(record, out, args.name)
+        paths = record_outputs.write_outputs(record, out, args.name)
     except (evaluate.EvaluationError, data.DataError, classifiers.ScheduleError,
             RunDirError, ValueError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 2
-    print(evaluate.summary_line(record))
+    print(record_outputs.summary_line(record))
     if record.get("quality"):
         print(f"note: {quality.NOTE}")
     print(f"wrote {paths['json']} and {paths['png']}")

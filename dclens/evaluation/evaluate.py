@@ -21,7 +21,7 @@ its synthetic samples. Two protocols are reported, always by name:
 The classifier and its schedules are in :mod:`dclens.evaluation.classifiers`; the visual-quality
 scores (domain-classifier IS/FID) in :mod:`dclens.evaluation.quality`.
 
-Inputs (:func:`load_synthetic`): our ``samples.npz`` (or a run directory holding it), the
+Inputs (:func:`dclens.evaluation.synthetic_input.load_synthetic`): our ``samples.npz`` (or a run directory holding it), the
 authors' pickle prefix (``.../eps-1.00.data`` for ``eps-1.00.data-0.pkl`` ..), one pickle
 of rows, or any ``.npz`` with images and labels. Pickles can run code when loaded: read
 only files you trust (``.npz`` files are read with ``allow_pickle=False``).
@@ -34,12 +34,8 @@ only ``--range`` pickles, default 1, into a 100,000-row array whose other rows s
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
-import pickle
-import zipfile
-import re
 import time
 from typing import Callable
 
@@ -49,6 +45,8 @@ from dclens.evaluation import authors_protocol, classifiers
 from dclens import data
 from dclens.common import export
 from dclens.evaluation import quality as quality_scores
+from dclens.evaluation.synthetic_input import (EvaluationError, base_dataset, load_synthetic,
+                                               run_dir_config, train_split_name)
 
 PROTOCOLS = {
     "val": ("real-test accuracy at the epoch with the best accuracy on a held-out part of "
@@ -59,12 +57,6 @@ PROTOCOLS = {
                 "zero array, SGD 600 epochs, best test accuracy (selects on the test set)"),
 }
 HEADLINE = "val"
-SAMPLES_FILE = "samples.npz"
-_NPZ_KEYS = (("x", "y"), ("images", "labels"), ("x_train", "y_train"), ("X", "Y"))
-
-
-class EvaluationError(ValueError):
-    """Inputs the evaluation cannot use; the message says which file and what to do."""
 
 
 def _is_int(value) -> bool:
@@ -152,19 +144,6 @@ def official_settings(dataset: str, **changes) -> EvalSettings:
 
 # ------------------------------------------------------------------ dataset names
 
-def base_dataset(name: str) -> str:
-    """``celebA-gender-train`` -> ``celebA-gender``; ``fashion_mnist`` unchanged."""
-    if name.startswith("celebA-") and name.count("-") == 2:
-        return name.rsplit("-", 1)[0]
-    return name
-
-
-def train_split_name(name: str) -> str:
-    """The name that loads the real training data for ``name``."""
-    base = base_dataset(name)
-    return f"{base}-train" if base.startswith("celebA-") else base
-
-
 def load_test(dataset: str, data_dir: str | os.PathLike | None = None, *,
               limit: int | None = None) -> data.LabeledImages:
     """The real test split of ``dataset`` (first ``limit`` records if given)."""
@@ -173,200 +152,6 @@ def load_test(dataset: str, data_dir: str | os.PathLike | None = None, *,
         raise EvaluationError(f"no real test split is known for dataset {dataset!r}; use "
                               f"mnist, fashion_mnist, celebA-gender or celebA-hair")
     return data.load_dataset(name, data_dir, split="test", limit=limit, progress=False)
-
-
-# ------------------------------------------------------------------ reading synthetic data
-
-def _images_to_spec(images: np.ndarray, spec: data.DatasetSpec, source: str) -> np.ndarray:
-    """Flat rows, [N,H,W] or [N,H,W,C]; uint8 0..255 or floats in [0,1] -> float32 NHWC."""
-    images = np.asarray(images)
-    if images.dtype == np.uint8:
-        images = images.astype(np.float32) / np.float32(255.0)
-    elif images.dtype.kind not in "fiu":
-        raise EvaluationError(f"{source}: images have dtype {images.dtype}; expected "
-                              f"floats in [0, 1] or uint8")
-    images = images.astype(np.float32, copy=False)
-    h, w, c = spec.image_shape
-    if images.ndim == 2 and images.shape[1] == h * w * c:
-        images = images.reshape(-1, h, w, c)
-    elif images.ndim == 3 and images.shape[1:] == (h, w) and c == 1:
-        images = images[..., None]
-    if images.ndim != 4 or images.shape[1:] != spec.image_shape:
-        raise EvaluationError(
-            f"{source}: images have shape {images.shape}, but the {spec.name} test images "
-            f"are {h}x{w}x{c} (expected [N, {h}, {w}, {c}] or flat rows of {h * w * c}); "
-            f"pass the right --dataset for these samples")
-    return images
-
-
-def _labels_from(labels: np.ndarray, num_classes: int, source: str) -> np.ndarray:
-    """int labels [N] or one-hot/probability rows [N, K] -> int64 [N]."""
-    labels = np.asarray(labels)
-    if labels.ndim == 2:
-        if labels.shape[1] != num_classes:
-            raise EvaluationError(f"{source}: label rows have {labels.shape[1]} columns, "
-                                  f"expected {num_classes} (one per class)")
-        return labels.argmax(axis=1).astype(np.int64)
-    if labels.ndim != 1:
-        raise EvaluationError(f"{source}: labels have shape {labels.shape}; expected [N] "
-                              f"class indices or [N, {num_classes}] one-hot rows")
-    if labels.dtype.kind == "f":
-        if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
-            raise EvaluationError(f"{source}: labels are floats that are not whole numbers")
-    elif labels.dtype.kind not in "iu":
-        raise EvaluationError(f"{source}: labels have dtype {labels.dtype}; expected "
-                              f"integers")
-    return labels.astype(np.int64)
-
-
-def _labeled(images: np.ndarray, labels: np.ndarray, spec: data.DatasetSpec,
-             source: str) -> data.LabeledImages:
-    images = _images_to_spec(images, spec, source)
-    labels = _labels_from(labels, spec.num_classes, source)
-    if len(images) != len(labels):
-        raise EvaluationError(f"{source}: {len(images)} images but {len(labels)} labels")
-    if len(images) == 0:
-        raise EvaluationError(f"{source} holds no samples; nothing to evaluate")
-    try:
-        return data.LabeledImages(images, labels, spec, source)
-    except data.DataError as error:
-        raise EvaluationError(str(error)) from error
-
-
-def _read_rows(path: str) -> np.ndarray:
-    """One pickle of rows (plain pickle, or joblib.dump when joblib is installed)."""
-    try:
-        with open(path, "rb") as stream:
-            rows = pickle.load(stream)
-    except FileNotFoundError as error:
-        raise EvaluationError(f"{path} not found") from error
-    except Exception as error:   # joblib's format needs joblib to unpickle its arrays
-        try:
-            import joblib
-        except ImportError:
-            raise EvaluationError(
-                f"cannot unpickle {path} ({type(error).__name__}: {error}); files written "
-                f"by joblib.dump need joblib: pip install joblib") from error
-        try:
-            rows = joblib.load(path)
-        except Exception as joblib_error:
-            raise EvaluationError(
-                f"{path} is not a readable pickle of sample rows (truncated or damaged: "
-                f"{type(error).__name__}: {error}); write the samples again (python "
-                "scripts/main.py --checkpoint_dir RUN without --train re-samples a trained "
-                "run) or pass the run's samples.npz") from joblib_error
-    rows = np.asarray(rows)
-    if rows.ndim != 2:
-        raise EvaluationError(f"{path}: expected a 2-D array of rows (pixels + one-hot "
-                              f"label), got shape {rows.shape}")
-    return rows
-
-
-def authors_prefix_files(prefix: str) -> list[str]:
-    """``<prefix>-0.pkl``, ``-1.pkl``, ... (consecutive from 0, as the authors write them)."""
-    files = []
-    while os.path.exists(f"{prefix}-{len(files)}.pkl"):
-        files.append(f"{prefix}-{len(files)}.pkl")
-    if not files:
-        raise EvaluationError(
-            f"no file {prefix}-0.pkl: pass our samples.npz, a run directory, or the authors' "
-            f"pickle prefix (e.g. runs/x/eps-1.00.data for eps-1.00.data-0.pkl .. -9.pkl)")
-    return files
-
-
-def read_authors_rows(paths: list[str], spec: data.DatasetSpec) -> data.LabeledImages:
-    """The authors' layout: rows of H*W*C pixels followed by a one-hot label."""
-    dim = int(np.prod(spec.image_shape))
-    parts = []
-    for path in paths:
-        rows = _read_rows(path)
-        if rows.shape[1] != dim + spec.num_classes:
-            raise EvaluationError(
-                f"{path}: rows have {rows.shape[1]} columns, expected {dim} pixels + "
-                f"{spec.num_classes} label columns for {spec.name}; pass the right --dataset")
-        parts.append(rows)
-    rows = np.concatenate(parts).astype(np.float32)
-    source = paths[0] if len(paths) == 1 else f"{paths[0]} .. {os.path.basename(paths[-1])}"
-    return _labeled(rows[:, :dim], rows[:, dim:], spec, source)
-
-
-def _read_npz(path: str, spec: data.DatasetSpec) -> data.LabeledImages:
-    damaged = ("; write the samples again (python scripts/main.py --checkpoint_dir RUN "
-               "without --train re-samples a trained run)")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            names = set(archive.files)
-            arrays = next(((archive[image_key], archive[label_key])
-                           for image_key, label_key in _NPZ_KEYS
-                           if image_key in names and label_key in names), None)
-    except FileNotFoundError as error:
-        raise EvaluationError(f"{path} not found") from error
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        # numpy's own message for a file that is not an .npz suggests allow_pickle=True,
-        # which would execute whatever the file holds: never that.
-        raise EvaluationError(f"{path} is not a readable .npz archive of samples (truncated "
-                              f"or not an .npz: {type(error).__name__}){damaged}") from error
-    if arrays is not None:
-        return _labeled(*arrays, spec, path)
-    raise EvaluationError(f"{path} holds arrays {sorted(names)}; expected images and labels "
-                          f"under one of " + ", ".join(f"{a}/{b}" for a, b in _NPZ_KEYS))
-
-
-def resolve_input(path: str | os.PathLike) -> tuple[str, str]:
-    """(kind, path) for an input path; kind is npz, authors_pickles or pickle."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, SAMPLES_FILE)):
-            return "npz", os.path.join(path, SAMPLES_FILE)
-        prefixes = sorted({f[:-len("-0.pkl")] for f in
-                           glob.glob(os.path.join(path, "*.data-0.pkl"))})
-        if len(prefixes) == 1:
-            return "authors_pickles", prefixes[0]
-        if prefixes:
-            raise EvaluationError(f"{path} holds several pickle sets ({', '.join(prefixes)}); "
-                                  f"pass one prefix")
-        raise EvaluationError(f"{path} holds neither {SAMPLES_FILE} nor authors' pickles "
-                              f"(*.data-0.pkl); pass the samples file itself")
-    if path.endswith(".npz"):
-        if not os.path.exists(path):
-            raise EvaluationError(f"{path} not found; pass a samples.npz, a run directory or "
-                                  f"an authors' pickle prefix")
-        return "npz", path
-    match = re.fullmatch(r"(.*)-(\d+)\.pkl", path)
-    if match and os.path.exists(f"{match.group(1)}-0.pkl"):
-        return "authors_pickles", match.group(1)
-    if path.endswith(".pkl") and os.path.exists(path):
-        return "pickle", path
-    return "authors_pickles", path
-
-
-def load_synthetic(path: str | os.PathLike, dataset: str) -> tuple[data.LabeledImages, str]:
-    """Reads synthetic samples for ``dataset``; returns (images, kind of input)."""
-    spec = data.dataset_spec(train_split_name(dataset))
-    kind, where = resolve_input(path)
-    if kind == "npz":
-        return _read_npz(where, spec), kind
-    if kind == "pickle":
-        return read_authors_rows([where], spec), kind
-    return read_authors_rows(authors_prefix_files(where), spec), kind
-
-
-def run_dir_config(path: str | os.PathLike) -> dict | None:
-    """The ``config.json`` of the dclens run that ``path`` (or its folder) belongs to; its
-    data settings are under ``["train"]`` whichever method wrote it."""
-    path = os.fspath(path)
-    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    candidate = os.path.join(folder, "config.json")
-    if not os.path.exists(candidate):
-        return None
-    with open(candidate) as stream:
-        saved = json.load(stream)
-    config = saved.get("config") if isinstance(saved, dict) else None
-    if isinstance(config, dict) and "train" not in config and "dataset" in config:
-        # Runs of the other methods (GS-WGAN, ...) keep the data settings at the top.
-        config = {**config, "train": {"dataset": config["dataset"],
-                                      "data_dir": config.get("data_dir")}}
-    return config
 
 
 # ------------------------------------------------------------------ protocol pieces
@@ -661,87 +446,3 @@ def cached_real_reference(dataset: str, data_dir: str | None = None, *,
     record = evaluate_real(dataset, data_dir, settings=settings, cache_dir=cache_dir, log=log)
     export.write_json(path, record)
     return record
-
-
-# ------------------------------------------------------------------ outputs
-
-def plot_curves(record: dict, path: str | os.PathLike, *, title: str = "") -> None:
-    """PNG of the per-epoch accuracies with both protocols' epochs marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    curves = record["curves"]
-    figure = pyplot.figure(figsize=(6.4, 4.0), dpi=100)
-    axes = figure.add_subplot(1, 1, 1)
-    epochs = curves["epoch"]
-    axes.plot(epochs, curves["train_accuracy"], color="0.6",
-              label="train part (running, dropout on)")
-    axes.plot(epochs, curves["val_accuracy"], color="tab:blue", label="held-out val part")
-    axes.plot(epochs, curves["test_accuracy"], color="tab:red", label="real test")
-    if record.get("sen_curves"):
-        axes.plot(record["sen_curves"]["epoch"], record["sen_curves"]["test_accuracy"],
-                  color="tab:orange", linestyle="--", label="real test (sen, all data)")
-    val, sen = record["protocols"]["val"], record["protocols"]["sen"]
-    axes.axvline(val["epoch"], color="tab:blue", linestyle=":",
-                 label=f"val protocol: {val['accuracy']:.4f} (epoch {val['epoch']})")
-    axes.axvline(sen["epoch"], color="tab:red", linestyle=":",
-                 label=f"sen protocol: {sen['accuracy']:.4f} (epoch {sen['epoch']})")
-    longest = max(epochs)
-    for authors, color in zip(authors_entries(record["protocols"]),
-                              ("tab:green", "tab:purple", "tab:brown", "tab:olive")):
-        axes.plot(authors["curve"]["epoch"], authors["curve"]["test_accuracy"],
-                  color=color, linewidth=0.8,
-                  label=f"real test (authors protocol, range "
-                        f"{authors['settings']['range']}): best {authors['accuracy']:.4f} "
-                        f"(epoch {authors['epoch']})")
-        longest = max(longest, max(authors["curve"]["epoch"]))
-    axes.set_xlabel("epoch")
-    axes.set_ylabel("accuracy")
-    if longest > 100:
-        axes.set_xscale("log")        # tens of epochs beside the authors' 600
-    else:
-        axes.xaxis.get_major_locator().set_params(integer=True)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="best")
-    axes.set_title(title or f"{record['dataset']}: classifier trained on "
-                   f"{record['input']['kind']} ({record['input']['samples']} samples)",
-                   fontsize=9)
-    figure.tight_layout()
-    export.atomic_write(path, lambda s: figure.savefig(s, format="png"))
-    pyplot.close(figure)
-
-
-def authors_state_file(out_dir: str | os.PathLike, name: str,
-                       protocol: authors_protocol.AuthorsProtocol) -> str:
-    """Where ``scripts/evaluate.py`` keeps the authors' protocol's resume state: beside
-    the outputs, ``<out>/<name>-authors-range<R>.npz`` (kept after the end, so the same
-    evaluation run again returns at once; another input or setting is refused by name)."""
-    return os.path.join(os.fspath(out_dir), f"{name}-authors-range{protocol.range}.npz")
-
-
-def write_outputs(record: dict, out_dir: str | os.PathLike,
-                  name: str = "evaluation") -> dict[str, str]:
-    """``<name>.json`` and ``<name>.png`` in ``out_dir`` (atomic); returns their paths."""
-    out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, f"{name}.json"),
-             "png": os.path.join(out_dir, f"{name}.png")}
-    export.write_json(paths["json"], record)
-    plot_curves(record, paths["png"])
-    return paths
-
-
-def summary_line(record: dict) -> str:
-    """One line with both protocols and the quality scores."""
-    p = record["protocols"]
-    text = (f"{record['dataset']}: val {p['val']['accuracy']:.4f} (headline) | "
-            f"sen {p['sen']['accuracy']:.4f}")
-    for authors in authors_entries(p):
-        text += f" | authors (range {authors['settings']['range']}) {authors['accuracy']:.4f}"
-    text += f" | {record['input']['samples']} samples"
-    if record.get("quality"):
-        q = record["quality"]
-        text += (f" | domain IS {q['inception_score']:.3f} (real "
-                 f"{q['reference_inception_score']:.3f}) | domain FID {q['fid']:.3f}")
-    return text

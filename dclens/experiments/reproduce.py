@@ -32,7 +32,7 @@ from typing import Callable
 
 from dclens.common import machine
 from dclens.privacy import accounting
-from dclens.evaluation import evaluate
+from dclens.evaluation import evaluate, record_outputs
 from dclens.common import export
 from dclens.runs import rundir
 from dclens.datalens import config as cfg
@@ -528,7 +528,7 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
                                     cache_dir=cache_dir, log=log)
     eval_seconds = time.perf_counter() - eval_started
     os.makedirs(out_dir, exist_ok=True)
-    evaluate.plot_curves(record, os.path.join(out_dir, "evaluation.png"),
+    record_outputs.plot_curves(record, os.path.join(out_dir, "evaluation.png"),
                          title=f"{name}: classifier on {record['input']['samples']} samples")
     real = None
     if reference:
@@ -600,7 +600,7 @@ def authors_accuracies(record: dict) -> dict[str, float] | None:
 
 def _write_report(report: dict, out_dir: str) -> None:
     export.write_json(os.path.join(out_dir, "report.json"), report)
-    evaluate.plot_curves(report["evaluation"], os.path.join(out_dir, "evaluation.png"),
+    record_outputs.plot_curves(report["evaluation"], os.path.join(out_dir, "evaluation.png"),
                          title=f"{report['name']}: classifier on "
                                f"{report['evaluation']['input']['samples']} samples")
     export.atomic_write(os.path.join(out_dir, "report.md"),
