@@ -334,8 +334,8 @@ MATRIX = [
     Bad("reproduce", "run dir of a run with other settings", (),
         "reproduce.py: error: --run_dir '{tmp}/run' holds a run with other settings, so it "
         "cannot be resumed: topagg.thresh (privacy-relevant): saved 0.2, now 0.9. Resume "
-        "with the saved settings (see {tmp}/run/config.json), choose a new --run_dir, or "
-        "pass --restart to set the old run aside and start over (nothing was changed)",
+        "with the saved settings (see {tmp}/run/config.json) or choose a new --run_dir "
+        "(nothing was changed)",
         datalens_run_with_beta_02),
     Bad("reproduce", "sigma_scale nan", ("--sigma_scale", "nan"),
         "reproduce.py: error: sigma_scale must be in (0, 1] (a fraction of the paper's "

@@ -109,8 +109,8 @@ def check_paths(options: reproduce.ReproduceOptions, out: str, run_dir: str, *,
     output_checks.check_output_dir(out)
     if not train:
         return
-    output_checks.check_run_kind(run_dir, "datalens", restart=False)
-    run.plan_datalens_run(reproduce.build_config(options)[0], run_dir, flag="--run_dir")
+    run.plan_datalens_run(reproduce.build_config(options)[0], run_dir, flag="--run_dir",
+                          offers_restart=False)
 
 
 def main(argv: list[str] | None = None) -> int:

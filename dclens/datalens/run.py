@@ -74,10 +74,12 @@ DATA_DEPENDENT_PARTITION_WARNING = (
 
 
 def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False,
-                      flag: str = "--checkpoint_dir"):
+                      flag: str = "--checkpoint_dir", offers_restart: bool = True):
     """:func:`dclens.runs.rundir.plan_run` with DataLens' resume rule (``flag``: the option
-    that named ``output_dir``: main.py's --checkpoint_dir, reproduce.py's --run_dir)."""
+    that named ``output_dir``: main.py's --checkpoint_dir, reproduce.py's --run_dir, which
+    has no --restart: ``offers_restart=False``)."""
     return plan_run(config, output_dir, restart=restart, kind="datalens", flag=flag,
+                    offers_restart=offers_restart,
                     differences_of=resume.resume_differences,
                     privacy_relevant=resume.PRIVACY_RELEVANT)
 

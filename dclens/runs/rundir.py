@@ -195,7 +195,8 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
 
 def plan_run(config, output_dir: str, *, differences_of, kind: str,
              restart: bool = False, flag: str = "--checkpoint_dir",
-             privacy_relevant: frozenset[str] = frozenset()) -> RunPlan:
+             privacy_relevant: frozenset[str] = frozenset(),
+             offers_restart: bool = True) -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
 
     ``config``: any config with ``to_dict()``; ``differences_of(saved_dict, config)``
@@ -204,7 +205,8 @@ def plan_run(config, output_dir: str, *, differences_of, kind: str,
     ``kind``: the trainer's key in :data:`dclens.runs.output_checks.RUN_KINDS` (a run of
     another trainer is refused as such); ``flag``: the command-line option that named
     ``output_dir``, as the messages quote it; ``privacy_relevant``: settings the refusal
-    tags as such.
+    tags as such; ``offers_restart``: the command has ``--restart`` (the refusals then
+    suggest it).
 
     Raises:
       RunDirError: the path is a file or not writable; the folder holds something that is
@@ -225,16 +227,18 @@ def plan_run(config, output_dir: str, *, differences_of, kind: str,
         raise RunDirError(
             f"{flag} {output_dir!r} is not empty and is not a dclens run (it holds "
             f"{', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose a new or "
-            "empty directory, or pass --restart to move it aside (nothing was changed)")
-    check_run_kind(output_dir, kind, flag=flag)
+            "empty directory" + (", or pass --restart to move it aside" if offers_restart
+                                 else "") + " (nothing was changed)")
+    check_run_kind(output_dir, kind, flag=flag, restart=offers_restart)
     differences = differences_of(read_saved_config(paths), config)
     if differences:
         raise RunDirError(
             f"{flag} {output_dir!r} holds a run with other settings, so it cannot "
-            f"be resumed: {describe_differences(differences, privacy_relevant)}. Resume with the saved "
-            f"settings (see "
-            f"{paths.config}), choose a new {flag}, or pass --restart to set the "
-            "old run aside and start over (nothing was changed)")
+            f"be resumed: {describe_differences(differences, privacy_relevant)}. Resume "
+            f"with the saved settings (see {paths.config})"
+            + (f", choose a new {flag}, or pass --restart to set the old run aside and "
+               "start over" if offers_restart else f" or choose a new {flag}")
+            + " (nothing was changed)")
     return RunPlan(Mode.RESUME, paths)
 
 
