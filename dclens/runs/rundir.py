@@ -34,7 +34,7 @@ from dclens.common import export
 from dclens.common.provenance import provenance
 from dclens.common.rng import entropy_seed
 from dclens.runs import journal as journal_lib
-from dclens.runs.output_checks import RunDirError, check_run_kind, check_writable
+from dclens.runs.output_checks import RunDirError, check_output_dir, check_run_kind
 
 #: The folder a disk-backed teacher bank lives in (inside a checkpoint folder).
 BANK_FOLDER = "bank"
@@ -214,10 +214,7 @@ def plan_run(config, output_dir: str, *, differences_of, kind: str,
         differ (named in the message).
     """
     paths = RunPaths(output_dir)
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirError(f"{flag} {output_dir!r} exists and is not a directory; "
-                          "choose another path")
-    check_writable(output_dir, flag)
+    check_output_dir(output_dir, flag)
     if not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return RunPlan(Mode.FRESH, paths)
     if restart:
