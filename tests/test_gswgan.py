@@ -237,7 +237,7 @@ def test_warm_start_of_a_discriminator_sees_only_its_own_shard(tmp_path):
 # ------------------------------------------------------------------ accounting
 
 def test_accounting_matches_the_fact_sheet_values():
-    """BASELINES.md 1.5 [computed]: sigma 1.07, T 20000, B 32, N_D 1000, delta 1e-5 gives
+    """Computed with dp_accounting (docs/gswgan.md, Privacy): sigma 1.07, T 20000, B 32, N_D 1000, delta 1e-5 gives
     9.99 (classic conversion) and 9.24 (dp_accounting's) per sample; the provable
     iteration-level accounting needs sigma 2.87 for 10 and 7.56 for 1."""
     common = dict(num_discriminators=1000, batch_size=32, iterations=20000, delta=1e-5)

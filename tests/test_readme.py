@@ -122,3 +122,30 @@ def test_page_links_resolve(page):
         elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)}: broken links {broken}"
+
+
+#: Files that lived beside the repository while it was written (the design notes, the
+#: baselines' fact sheet, the layout sketch): a reader of the repository does not have them,
+#: so nothing may cite them; what the code needs from them is in docs/.
+OUTSIDE_FILES = ("DESIGN.md", "BASELINES.md", "LAYOUT.md")
+
+
+def _repository_text_files():
+    for folder in ("dclens", "scripts", "tests", "docs", "results", "ops"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in {".py", ".md", ".cc", ".h", ".cu", ".sh", ".json"} and \
+                    path.is_file() and path.name != "test_readme.py":
+                yield path
+    yield README
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """``docs/design.md`` is ours; ``DESIGN.md`` (upper case) was the notes beside the repo."""
+    cited = []
+    for path in _repository_text_files():
+        text = path.read_text(errors="replace")
+        cited += [f"{path.relative_to(ROOT)}: {name}" for name in OUTSIDE_FILES
+                  if re.search(rf"(?<![\w/]){re.escape(name)}", text)]
+        cited += [f"{path.relative_to(ROOT)}: {hit}" for hit in
+                  re.findall(r"shared/(?!authors-datalens)[\w./-]+", text)]
+    assert not cited, "files outside the repository are cited:\n" + "\n".join(cited)

@@ -1,11 +1,11 @@
 """The settings of a GS-WGAN run (``scripts/gswgan.py``), validated on creation.
 
-Defaults are the paper's (BASELINES.md 1.4): 1000 discriminators, B = 32, 5 critic steps,
-lambda_gp 10, drift 1e-3, Adam 1e-4 (0.5, 0.9), z_dim 10, model_dim 64, 2000 warm-start
-and 20000 DP iterations, C = 1, delta 1e-5; the budget is epsilon 10 under the provable
-iteration-level accounting (sigma calibrated: 2.87).  One default is not the released
-code's: the DP phase's critic steps are discarded after each iteration
-(``critic_updates``), which the proof needs (:mod:`dclens.gswgan.accounting`).
+Defaults are the paper's (its App. C.1 and the released code's source/config.py): 1000
+discriminators, B = 32, 5 critic steps, lambda_gp 10, drift 1e-3, Adam 1e-4 (0.5, 0.9),
+z_dim 10, model_dim 64, 2000 warm-start and 20000 DP iterations, C = 1, delta 1e-5; the
+budget is epsilon 10 under the provable iteration-level accounting (sigma calibrated: 2.87).
+One default is not the released code's: the DP phase's critic steps are discarded after each
+iteration (``critic_updates``), which the proof needs (:mod:`dclens.gswgan.accounting`).
 """
 
 from __future__ import annotations

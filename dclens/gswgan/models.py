@@ -1,4 +1,4 @@
-"""GS-WGAN's networks for 28x28x1 images, in Keras 3 (BASELINES.md 1.3).
+"""GS-WGAN's networks for 28x28x1 images, in Keras 3 (the released code's source/models.py).
 
 * :class:`Generator` ("GeneratorResNet"): concat(z, onehot(y)) -> SN-dense to 4x4x(4m)
   -> ReLU -> pixel norm -> three up-sampling residual blocks (4 -> 8 -> 16 -> 32) ->

@@ -1,8 +1,8 @@
 """GS-WGAN's training steps: the gradient sanitizer, the WGAN-GP critic step, the
 generator steps (private and warm-start), Adam with explicit state, and the EMA.
 
-The sanitizer (Chen et al. 2020, eq. 10-11; BASELINES.md 1.2)
---------------------------------------------------------------
+The sanitizer (Chen et al. 2020, eq. 10-11; the released code's main.py)
+-------------------------------------------------------------------------
 The generator update needs D only through g_j = d(-D(x_j, y_j)) / d x_j, the gradient of
 the critic w.r.t. each generated image x_j = G(z_j, y_j) (j = 1..B).  The sanitizer
 releases, for every j,

@@ -1,4 +1,4 @@
-"""GS-WGAN training (Chen et al. 2020; BASELINES.md 1.1): shards, warm-start, DP phase.
+"""GS-WGAN training (Chen et al., NeurIPS 2020): shards, warm-start, DP phase.
 
 1. **Shards.** The training records are split into N_D disjoint shards by a random
    permutation of their indices (:func:`dclens.data.index_partition`): which shard a
