@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from dclens.runs import journal
 from dclens.gswgan import accounting as gs_accounting
-from dclens.gswgan import models, steps, train
+from dclens.gswgan import discriminators, models, steps, train
 from dclens.gswgan.accounting import Accounting
 from dclens.gswgan.config import GswganConfig, GswganConfigError
 from dclens.common.rng import SeedTree
@@ -36,8 +36,8 @@ def _tiny_config(data_dir, **changes) -> GswganConfig:
 def _pair(model_dim=2, seed=0):
     config = GswganConfig(model_dim=model_dim)
     seeds = SeedTree(seed)
-    return (train.new_generator(config, 10, seeds, 2, 0),
-            train.new_discriminator(config, 10, seeds, 0))
+    return (discriminators.new_generator(config, 10, seeds, 2, 0),
+            discriminators.new_discriminator(config, 10, seeds, 0))
 
 
 # ------------------------------------------------------------------ sanitizer
@@ -221,9 +221,9 @@ def test_warm_start_of_a_discriminator_sees_only_its_own_shard(tmp_path):
              (images, labels, dataclasses.replace(config, warm_chunk=1)))
     for index, (x, y, case_config) in enumerate(cases):
         _, discriminator = _pair()
-        bank = train.DiscriminatorBank(str(tmp_path / f"bank{index}.npy"), discriminator,
-                                       train._adam(config, discriminator), 3, create=True)
-        train.warm_start(case_config, bank, x, y, shards, seeds, 10,
+        bank = discriminators.DiscriminatorBank(str(tmp_path / f"bank{index}.npy"), discriminator,
+                                       discriminators.adam_for(config, discriminator), 3, create=True)
+        discriminators.warm_start(case_config, bank, x, y, shards, seeds, 10,
                          str(tmp_path / f"warm{index}.json"), log=lambda line: None,
                          bar_enabled=False, hook=train._no_hook)
         rows.append(np.array(bank.rows))

@@ -32,7 +32,7 @@ import tempfile
 from dclens.common import machine  # noqa: E402
 from dclens.common import tf_env
 from dclens.experiments import bench
-from dclens.gswgan import models, steps, train
+from dclens.gswgan import discriminators, models, steps, train
 from dclens.gswgan.config import GswganConfig
 from dclens.common.rng import SeedTree, Stream
 
@@ -50,7 +50,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
     config = GswganConfig(model_dim=model_dim, batch_size=batch, seed=0)
     warm = {}
     for chunk in chunks:
-        pairs = train._WarmPairs(config, chunk, 10)
+        pairs = discriminators.WarmPairs(config, chunk, 10)
         base_seeds = pairs.reset(list(range(chunk)), seeds)
         real = rng.uniform(size=(chunk, config.critic_iters, batch, 28, 28, 1)).astype(np.float32)
         labels = rng.integers(0, 10, size=(chunk, config.critic_iters, batch))
@@ -64,9 +64,9 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
         entry["speedup_over_first_chunk"] = base / entry["seconds_per_discriminator_iteration"]
     best = min(warm.values(), key=lambda e: e["seconds_per_discriminator_iteration"])
 
-    nets = train._DpNetworks(config, seeds, 10, sigma=1.0)
+    nets = train.DpNetworks(config, seeds, 10, sigma=1.0)
     with tempfile.TemporaryDirectory() as folder:
-        bank = train.DiscriminatorBank(f"{folder}/bank.npy", nets.discriminator, nets.d_opt,
+        bank = discriminators.DiscriminatorBank(f"{folder}/bank.npy", nets.discriminator, nets.d_opt,
                                        4, create=True)
         for index in range(4):
             bank.store(index, nets.discriminator, nets.d_opt)
@@ -78,7 +78,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
             t = next(counter)
             chosen = t % 4
             bank.load(chosen, nets.discriminator, nets.d_opt)
-            real, real_labels = train.real_batches(images, image_labels, np.arange(64),
+            real, real_labels = discriminators.real_batches(images, image_labels, np.arange(64),
                                                    rng, config.critic_iters, batch)
             nets.critic(real, real_labels, np.int64(t))
             z = steps.bernoulli_latent(seeds.tf_seed(Stream.LATENT, t), batch, config.z_dim)

@@ -122,6 +122,16 @@ class RunPaths:
         return self._join("checkpoints", SHARDS_FOLDER)
 
     @property
+    def discriminators(self) -> str:
+        """``discriminators.npy``: GS-WGAN's discriminator bank, **private**."""
+        return self._join("discriminators.npy")
+
+    @property
+    def warm_start_progress(self) -> str:
+        """``warmstart.json``: how many GS-WGAN discriminators the warm-start has done."""
+        return self._join("warmstart.json")
+
+    @property
     def votes(self) -> str:
         """``votes/``: the released updates (and raw vote sums) of ``--save_vote``."""
         return self._join("votes")
