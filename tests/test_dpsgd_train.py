@@ -11,7 +11,7 @@ import pytest
 
 from dclens.runs import journal
 from dclens.privacy import sampled_ledger
-from dclens.dpsgd import train
+from dclens.dpsgd import private_step, train
 from dclens.dpsgd.config import DpsgdConfig, DpsgdConfigError
 from dclens.common.rng import SeedTree
 from conftest import load_script
@@ -117,7 +117,7 @@ def test_model_keras_holds_the_validation_chosen_weights(tiny_fmnist_dir, tmp_pa
     recorded; a crash and resume in between must not lose them."""
     import keras
 
-    real_accuracy = train._Model.accuracy
+    real_accuracy = private_step.Classifier.accuracy
     seen = {"calls": 0, "first": None}
 
     def scripted(self, images, labels, batch=2000):
@@ -129,7 +129,7 @@ def test_model_keras_holds_the_validation_chosen_weights(tiny_fmnist_dir, tmp_pa
             return 0.0
         return real_accuracy(self, images, labels, batch)
 
-    monkeypatch.setattr(train._Model, "accuracy", scripted)
+    monkeypatch.setattr(private_step.Classifier, "accuracy", scripted)
     config = _config(tiny_fmnist_dir, sigma=1.5, target_eps=None, eval_every=2,
                      checkpoint_every=2)
 

@@ -40,8 +40,9 @@ from dclens.common import export
 from dclens.runs import rundir
 from dclens.privacy import sampled_ledger
 from dclens.runs.checkpoint import CheckpointStore
-from dclens.dpsgd import gep as gep_lib
-from dclens.dpsgd import mechanisms, models, per_example
+from dclens.runs.journal import PrivacyJournal
+from dclens.dpsgd import mechanisms
+from dclens.dpsgd.private_step import Classifier, NoisyGradient
 from dclens.dpsgd.config import (CHANGEABLE_ON_RESUME, DpsgdConfig, dataset_records,
                                  learning_rate_selection)
 from dclens.common.rng import SeedTree, Stream
@@ -96,136 +97,6 @@ def noise_multiplier_for(config: DpsgdConfig, private: int) -> float:
         conversion=config.conversion)
 
 
-class _Model:
-    """The classifier, its flat-gradient plumbing and SGD with momentum (explicit state)."""
-
-    def __init__(self, config: DpsgdConfig, image_shape, num_classes: int, seed: int):
-        import tensorflow as tf
-
-        self.tf = tf
-        self.keras = models.sample_convnet(image_shape, num_classes, seed=seed,
-                                           activation=config.activation)
-        self.variables = self.keras.trainable_variables
-        self.sizes = [int(np.prod(v.shape)) for v in self.variables]
-        self.num_params = sum(self.sizes)
-        self.velocity = np.zeros(self.num_params, np.float32)
-        self.momentum = config.momentum
-        #: The weights at the validation-chosen evaluation and its step (model.keras).
-        self.chosen: list[np.ndarray] | None = None
-        self.chosen_step: int | None = None
-        pixels = tf.TensorSpec((None, *image_shape), tf.float32)
-        self._per_example = tf.function(self._per_example_impl, input_signature=[
-            pixels, tf.TensorSpec((None,), tf.int64)])
-
-    def _loss(self, labels, logits):
-        """Cross-entropy of each example (the model outputs logits)."""
-        return self.tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-
-    def _per_example_impl(self, images, labels):
-        return per_example.per_example_gradients(self.keras, self._loss, images, labels)
-
-    def per_example(self, images: np.ndarray, labels: np.ndarray):
-        """[B, P] per-example gradients ([0, P] for an empty sample)."""
-        tf = self.tf
-        if len(labels) == 0:
-            return tf.zeros((0, self.num_params), tf.float32)
-        return self._per_example(tf.constant(images), tf.constant(labels, tf.int64))
-
-    def apply(self, gradient: np.ndarray, learning_rate: float) -> None:
-        """velocity = momentum * velocity + g; w -= learning_rate * velocity."""
-        self.velocity = self.momentum * self.velocity + np.asarray(gradient, np.float32)
-        start = 0
-        for variable, size in zip(self.variables, self.sizes):
-            piece = self.velocity[start:start + size].reshape(variable.shape)
-            variable.assign_sub(learning_rate * piece)
-            start += size
-
-    def accuracy(self, images: np.ndarray, labels: np.ndarray, batch: int = 2000) -> float:
-        if len(labels) == 0:
-            return float("nan")
-        hits = 0
-        for start in range(0, len(labels), batch):
-            logits = self.keras(images[start:start + batch], training=False)
-            hits += int(np.sum(np.argmax(np.asarray(logits), axis=1)
-                               == labels[start:start + batch]))
-        return hits / len(labels)
-
-    def remember_chosen(self, step: int) -> None:
-        """Keeps a copy of the current weights as the validation-chosen ones."""
-        self.chosen = [v.numpy().copy() for v in self.variables]
-        self.chosen_step = step
-
-    def use_chosen(self) -> None:
-        """Sets the variables to the remembered chosen weights."""
-        for variable, value in zip(self.variables, self.chosen):
-            variable.assign(value)
-
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        arrays = {f"w{i}": v.numpy() for i, v in enumerate(self.variables)}
-        arrays["velocity"] = self.velocity
-        if self.chosen is not None:
-            arrays.update({f"chosen_w{i}": w for i, w in enumerate(self.chosen)})
-        return arrays
-
-    def load(self, load_array) -> None:
-        """Restores the weights and momentum (with the checkpoint's ``load_array``)."""
-        for i, variable in enumerate(self.variables):
-            variable.assign(load_array(f"w{i}"))
-        self.velocity = np.array(load_array("velocity"), np.float32)
-        self._load_array = load_array
-
-    def load_chosen(self, chosen_step: int | None) -> None:
-        """After :meth:`load`: the chosen weights that checkpoint saved at ``chosen_step``
-        (None: it saved none, as checkpoints before 2026-11-25)."""
-        if chosen_step is not None:
-            self.chosen = [np.array(self._load_array(f"chosen_w{i}"))
-                           for i in range(len(self.variables))]
-            self.chosen_step = chosen_step
-
-
-class _Mechanism:
-    """The method's noisy gradient of one step, and the event it spends."""
-
-    def __init__(self, config: DpsgdConfig, sigma: float, model: _Model, split: Split,
-                 seeds: SeedTree):
-        self.config, self.model, self.split, self.seeds = config, model, split, seeds
-        if config.method.is_gep:
-            self.gep = gep_lib.Gep(clip_embedding=config.clip_embedding,
-                                   clip_residual=config.clip_residual, sigma=sigma,
-                                   residual=config.method is mechanisms.Method.GEP)
-            self.groups = gep_lib.group_sizes(model.num_params, config.num_groups)
-        else:
-            self.clipping = mechanisms.PrivateAggregation(
-                method=config.method, clip=config.clip, sigma=sigma, topk=config.topk)
-
-    def event(self, rate: float):
-        if self.config.method.is_gep:
-            return self.gep.event(rate)
-        return self.clipping.event(rate)
-
-    def noisy_gradient(self, per_example, *, step: int, attempt: int) -> np.ndarray:
-        tf, config = self.model.tf, self.config
-        expected = float(config.batch_size)
-        if not config.method.is_gep:
-            noise = tf.random.stateless_normal(
-                (self.model.num_params,), seed=self.seeds.tf_seed(Stream.DP_NOISE, attempt,
-                                                                   step, 0))
-            return self.clipping.aggregate(per_example, expected_batch=expected,
-                                           noise=noise).numpy()
-        anchor_grads = self.model.per_example(self.split.anchor_images,
-                                              self.split.anchor_labels)
-        bases = gep_lib.anchor_bases(anchor_grads, self.groups, config.num_bases,
-                                     rng=self.seeds.numpy(Stream.ANCHOR_BASIS, step))
-        k = sum(b.shape[1] for b in bases)
-        noise_embedding = tf.random.stateless_normal(
-            (k,), seed=self.seeds.tf_seed(Stream.DP_NOISE, attempt, step, 0))
-        noise_residual = tf.random.stateless_normal(
-            (self.model.num_params,), seed=self.seeds.tf_seed(Stream.DP_NOISE, attempt, step, 1))
-        return self.gep.aggregate(per_example, bases, expected_batch=expected,
-                                  noise_embedding=noise_embedding,
-                                  noise_residual=noise_residual).numpy()
-
-
 def batch_for(seeds: SeedTree, *, step: int, attempt: int, private: int,
               rate: float) -> np.ndarray:
     """Indices of step ``step``'s Poisson sample, keyed by (BATCH, attempt, step).
@@ -272,22 +143,37 @@ def _no_hook(point: str, step: int) -> None:
     del point, step
 
 
-def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool = False,
-                             progress: bool = True, log: Callable[[str], None] = print,
-                             hook: FaultHook = _no_hook) -> dict:
-    """Trains (or resumes) a private classifier in ``run_dir``; returns report.json's dict.
+@dataclasses.dataclass
+class _Setup:
+    """A run before its first step: its folder, keys, split, model and mechanism."""
 
-    ``hook(point, step)`` is called at fault-injection points ("after_spend",
-    "after_step", "checkpoint_before_commit") for crash tests.
-    """
-    import tensorflow as tf
+    paths: rundir.RunPaths
+    resuming: bool
+    root_seed: int
+    seeds: SeedTree
+    dataset_source: str
+    test: object                    # the real test set (measured, never used to choose)
+    split: Split
+    rate: float                     # q = B / n
+    total_steps: int
+    steps_per_epoch: int
+    sigma: float
+    model: Classifier
+    mechanism: NoisyGradient
+    step_event: object              # the dp_accounting event one step spends
+    facts: dict
+
+    @property
+    def n(self) -> int:
+        """The number of private examples."""
+        return len(self.split.private_labels)
 
 
-    started = time.perf_counter()
+def _set_up(config: DpsgdConfig, run_dir: str, *, restart: bool,
+            log: Callable[[str], None]) -> _Setup:
     opened = rundir.open_run(config, run_dir, kind="dpsgd", restart=restart,
                              changeable=CHANGEABLE_ON_RESUME, log=log)
-    paths, resuming, root_seed = opened.paths, opened.resuming, opened.root_seed
-    seeds = SeedTree(root_seed)
+    seeds = SeedTree(opened.root_seed)
     records = dataset_records(config)
     test = evaluate.load_test(config.dataset, config.data_dir)
     spec = records.spec
@@ -296,11 +182,10 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     rate = config.batch_size / n
     total_steps = steps_for(config, n)
     steps_per_epoch = max(1, round(n / config.batch_size))
-    eval_every = config.eval_every or steps_per_epoch
     sigma = noise_multiplier_for(config, n)
-    model = _Model(config, spec.image_shape, spec.num_classes, seeds.integer(Stream.MODEL_INIT))
-    mechanism = _Mechanism(config, sigma, model, split, seeds)
-    step_event = mechanism.event(rate)
+    model = Classifier(config, spec.image_shape, spec.num_classes, seeds.integer(Stream.MODEL_INIT))
+    mechanism = NoisyGradient(config, sigma, model, split.anchor_images, split.anchor_labels,
+                              seeds)
     facts = {"private_examples": n, "held_out": {"validation": config.validation,
              "anchors": config.anchors if config.holds_out_anchors else 0},
              "anchor_source": config.anchor_source if config.method.is_gep else None,
@@ -308,130 +193,217 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
              "sigma_from": "given" if config.sigma is not None else
              f"calibrated to epsilon {config.target_eps} in {total_steps} steps",
              "parameters": model.num_params, "steps_per_epoch": steps_per_epoch}
-    store = CheckpointStore(paths.checkpoints)
-    if not resuming:
-        journal = rundir.create_run_files(
-            paths, config.to_dict(), kind="dpsgd", root_seed=root_seed,
-            seeded=config.seed is not None, facts={"dataset_source": records.source, **facts},
+    return _Setup(opened.paths, opened.resuming, opened.root_seed, seeds, records.source,
+                  test, split, rate, total_steps, steps_per_epoch, sigma, model, mechanism,
+                  mechanism.event(rate), facts)
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where a call starts: step, the evaluations so far, whether the run had finished."""
+
+    journal: PrivacyJournal
+    start: int = 0
+    curves: list = dataclasses.field(default_factory=list)
+    already_finished: bool = False
+
+
+def _open_journal(config: DpsgdConfig, setup: _Setup, store: CheckpointStore,
+                  log: Callable[[str], None]) -> _Progress:
+    """A fresh run's files and empty ledger, or a resumed run's journal and checkpoint."""
+    paths = setup.paths
+    if not setup.resuming:
+        return _Progress(rundir.create_run_files(
+            paths, config.to_dict(), kind="dpsgd", root_seed=setup.root_seed,
+            seeded=config.seed is not None,
+            facts={"dataset_source": setup.dataset_source, **setup.facts},
             ledger=sampled_ledger.SampledGaussianLedger(delta=config.delta,
-                                                        conversion=config.conversion))
-        start, curves, already_finished = 0, [], False
-    else:
-        journal = rundir.open_journal(paths, store.latest())
-        restored = rundir.restore_latest(
-            store, journal, root_seed=root_seed, seed_path=paths.seed,
-            load=lambda checkpoint: model.load(checkpoint.load_array))
-        start, curves, already_finished = restored.start, restored.curves, restored.finished
-        if restored.state:
-            model.load_chosen(restored.state.get("chosen_step"))
-        lost = restored.lost
-        log(f"resuming at step {start}; the ledger counts {journal.queries} steps"
-            + (f", {len(lost)} of them lost in the crash (still counted)" if lost else ""))
-    ledger = journal.ledger
-    attempt = len(journal.lost)          # a resume that lost spends draws fresh noise
-    budget = config.target_eps
-    log(f"{config.method.value}: {n} private examples (+{config.held_out} held out, used "
-        f"without privacy), q = {rate:.5f}, {total_steps} steps, sigma = {sigma:.4f} "
-        f"({facts['sigma_from']}), {model.num_params} parameters")
-    writer = tf.summary.create_file_writer(paths.logs)
-    bar = None
-    if progress:
-        bar = progress_bar(total_steps, initial=start, unit="step", desc=config.method.value)
-    stop_reason = "steps"
+                                                        conversion=config.conversion)))
+    journal = rundir.open_journal(paths, store.latest())
+    restored = rundir.restore_latest(
+        store, journal, root_seed=setup.root_seed, seed_path=paths.seed,
+        load=lambda checkpoint: setup.model.load(checkpoint.load_array))
+    if restored.state:
+        setup.model.load_chosen(restored.state.get("chosen_step"))
+    lost = restored.lost
+    log(f"resuming at step {restored.start}; the ledger counts {journal.queries} steps"
+        + (f", {len(lost)} of them lost in the crash (still counted)" if lost else ""))
+    return _Progress(journal, restored.start, restored.curves, restored.finished)
 
-    def save_checkpoint(step: int, finished: bool) -> None:
-        store.save(step, model.state_arrays(),
-                   {"root_seed": root_seed, "curves": curves,
-                    "journal_entries": len(journal.entries), "finished": finished,
-                    "ledger": ledger.state_dict(), "chosen_step": model.chosen_step},
-                   before_commit=lambda: hook("checkpoint_before_commit", step))
 
-    def evaluate_now(step: int) -> None:
-        point = {"step": step, "epoch": step / steps_per_epoch,
+class _Training:
+    """The steps of one call: sample, spend and journal, noisy gradient, SGD; evaluate on
+    the held-out validation set (and the test set, reported only) every ``eval_every``."""
+
+    def __init__(self, config: DpsgdConfig, setup: _Setup, opened: _Progress,
+                 store: CheckpointStore, *, progress: bool, hook: FaultHook):
+        import tensorflow as tf
+
+        self.config, self.setup, self.store, self.hook = config, setup, store, hook
+        self.journal, self.curves = opened.journal, opened.curves
+        self.attempt = len(self.journal.lost)  # a resume that lost spends draws fresh noise
+        self.eval_every = config.eval_every or setup.steps_per_epoch
+        self.writer = tf.summary.create_file_writer(setup.paths.logs)
+        self.progress = progress
+        self.bar = None
+
+    def save_checkpoint(self, step: int, finished: bool) -> None:
+        model = self.setup.model
+        self.store.save(step, model.state_arrays(),
+                        {"root_seed": self.setup.root_seed, "curves": self.curves,
+                         "journal_entries": len(self.journal.entries), "finished": finished,
+                         "ledger": self.journal.ledger.state_dict(),
+                         "chosen_step": model.chosen_step},
+                        before_commit=lambda: self.hook("checkpoint_before_commit", step))
+
+    def evaluate_now(self, step: int) -> None:
+        import tensorflow as tf
+
+        model, split, test = self.setup.model, self.setup.split, self.setup.test
+        point = {"step": step, "epoch": step / self.setup.steps_per_epoch,
                  "validation": model.accuracy(split.validation_images, split.validation_labels),
                  "test": model.accuracy(test.images, test.labels),
-                 "epsilon": ledger.epsilon().epsilon}
-        curves.append(point)
-        if chosen_index(curves) == len(curves) - 1:
+                 "epsilon": self.journal.ledger.epsilon().epsilon}
+        self.curves.append(point)
+        if chosen_index(self.curves) == len(self.curves) - 1:
             model.remember_chosen(step)
-        with writer.as_default(step=step):
+        with self.writer.as_default(step=step):
             for key in ("validation", "test", "epsilon"):
                 tf.summary.scalar(f"dpsgd/{key}", point[key])
-        writer.flush()
-        if bar is not None:
-            bar.set_postfix(val=f"{point['validation']:.3f}", eps=f"{point['epsilon']:.3f}")
+        self.writer.flush()
+        if self.bar is not None:
+            self.bar.set_postfix(val=f"{point['validation']:.3f}",
+                                 eps=f"{point['epsilon']:.3f}")
 
-    step = start
-    for step in range(start, 0 if already_finished else total_steps):
-        if budget is not None and ledger.epsilon_after_event(step_event).epsilon > budget * (1 + 1e-9):
-            stop_reason = "budget"
-            break
-        batch = batch_for(seeds, step=step, attempt=attempt, private=n, rate=rate)
-        ledger.spend(step_event)
-        journal.append(step, 0, 1)          # durable before the noise exists
-        hook("after_spend", step)
-        per_example = model.per_example(split.private_images[batch],
-                                        split.private_labels[batch])
-        model.apply(mechanism.noisy_gradient(per_example, step=step, attempt=attempt),
-                    config.learning_rate_at(step, total_steps))
+    def run(self, start: int, already_finished: bool) -> tuple[str, int]:
+        """Steps ``start`` .. the end; returns why they stopped ("steps" or "budget") and
+        the step count the run finished at.  Evaluates and checkpoints the last step."""
+        config, setup = self.config, self.setup
+        total_steps, ledger, budget = setup.total_steps, self.journal.ledger, config.target_eps
+        if self.progress:
+            self.bar = progress_bar(total_steps, initial=start, unit="step",
+                                    desc=config.method.value)
+        stop_reason, step = "steps", start
+        for step in range(start, 0 if already_finished else total_steps):
+            if budget is not None and \
+                    ledger.epsilon_after_event(setup.step_event).epsilon > budget * (1 + 1e-9):
+                stop_reason = "budget"
+                break
+            self._step(step)
+        else:
+            step = start if already_finished else total_steps
+        finished_steps = step if stop_reason == "budget" else max(step, start)
+        if not self.curves or self.curves[-1]["step"] != finished_steps:
+            self.evaluate_now(finished_steps)
+        if not already_finished:
+            self.save_checkpoint(finished_steps, True)
+        if self.bar is not None:
+            self.bar.close()
+        return stop_reason, finished_steps
+
+    def _step(self, step: int) -> None:
+        config, setup, model = self.config, self.setup, self.setup.model
+        batch = batch_for(setup.seeds, step=step, attempt=self.attempt, private=setup.n,
+                          rate=setup.rate)
+        self.journal.ledger.spend(setup.step_event)
+        self.journal.append(step, 0, 1)          # durable before the noise exists
+        self.hook("after_spend", step)
+        per_example = model.per_example(setup.split.private_images[batch],
+                                        setup.split.private_labels[batch])
+        model.apply(setup.mechanism.noisy_gradient(per_example, step=step,
+                                                   attempt=self.attempt),
+                    config.learning_rate_at(step, setup.total_steps))
         done = step + 1
-        hook("after_step", done)
-        if bar is not None:
-            bar.update(1)
-        if done % eval_every == 0 or done == total_steps:
-            evaluate_now(done)
-        if done % config.checkpoint_every == 0 and done < total_steps:
-            save_checkpoint(done, False)
-    else:
-        step = start if already_finished else total_steps
-    finished_steps = step if stop_reason == "budget" else max(step, start)
-    if not curves or curves[-1]["step"] != finished_steps:
-        evaluate_now(finished_steps)
-    if not already_finished:
-        save_checkpoint(finished_steps, True)
-    if bar is not None:
-        bar.close()
-    epsilon = ledger.epsilon()
-    privacy = {"epsilon": epsilon.to_dict(), "delta": config.delta,
-               "adjacency": ADJACENCY,
-               "guarantee": guarantee_statement(n, config.held_out),
-               "unit": f"one of the {n} private training examples (the {config.held_out} "
-                       f"held-out images are used without privacy)",
-               "hyperparameter_selection": learning_rate_selection(config),
-               **facts,
-               # Every step spent, the redone steps of a crashed run included.
-               "steps": ledger.queries, "lost_steps": journal.lost_queries,
-               "reproducible_noise": config.seed is not None, "stop_reason": stop_reason,
-               "event_per_step": repr(step_event)}
-    export.write_json(paths.privacy, privacy)
+        self.hook("after_step", done)
+        if self.bar is not None:
+            self.bar.update(1)
+        if done % self.eval_every == 0 or done == setup.total_steps:
+            self.evaluate_now(done)
+        if done % config.checkpoint_every == 0 and done < setup.total_steps:
+            self.save_checkpoint(done, False)
+
+
+def _privacy_record(config: DpsgdConfig, setup: _Setup, journal: PrivacyJournal,
+                    stop_reason: str) -> dict:
+    """``privacy.json``: epsilon, the unit it protects, and every step spent."""
+    ledger, n = journal.ledger, setup.n
+    return {"epsilon": ledger.epsilon().to_dict(), "delta": config.delta,
+            "adjacency": ADJACENCY,
+            "guarantee": guarantee_statement(n, config.held_out),
+            "unit": f"one of the {n} private training examples (the {config.held_out} "
+                    f"held-out images are used without privacy)",
+            "hyperparameter_selection": learning_rate_selection(config),
+            **setup.facts,
+            # Every step spent, the redone steps of a crashed run included.
+            "steps": ledger.queries, "lost_steps": journal.lost_queries,
+            "reproducible_noise": config.seed is not None, "stop_reason": stop_reason,
+            "event_per_step": repr(setup.step_event)}
+
+
+def _save_chosen_model(model: Classifier, curves: list[dict], finished_steps: int,
+                       path: str) -> int:
+    """Writes ``model.keras`` with the chosen evaluation's weights when they were kept (a
+    run resumed from a checkpoint older than the choice has only the final ones); returns
+    the step whose weights it holds."""
     chosen = chosen_index(curves)
     saved_step = finished_steps
     if model.chosen is not None and model.chosen_step == curves[chosen]["step"]:
         model.use_chosen()               # model.keras holds what the headline measures
         saved_step = model.chosen_step
-    with export.atomic_path(paths.model) as temporary:
+    with export.atomic_path(path) as temporary:
         model.keras.save(temporary)
+    return saved_step
+
+
+def _accuracy_record(curves: list[dict], saved_step: int) -> dict:
+    chosen = chosen_index(curves)
     saved = next(point for point in reversed(curves) if point["step"] == saved_step)
+    return {"test_at_chosen": curves[chosen]["test"],
+            "chosen_step": curves[chosen]["step"],
+            "chosen_epoch": curves[chosen]["epoch"],
+            "validation_at_chosen": curves[chosen]["validation"],
+            "test_final": curves[-1]["test"],
+            "selection": "the evaluation with the best held-out validation "
+                         "accuracy (never the test set)",
+            # What model.keras holds: the chosen weights, unless the run resumed
+            # from a checkpoint older than this field that predates the choice.
+            "saved_model_step": saved_step,
+            "test_of_saved_model": saved["test"]}
+
+
+def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool = False,
+                             progress: bool = True, log: Callable[[str], None] = print,
+                             hook: FaultHook = _no_hook) -> dict:
+    """Trains (or resumes) a private classifier in ``run_dir``; returns report.json's dict.
+
+    ``hook(point, step)`` is called at fault-injection points ("after_spend",
+    "after_step", "checkpoint_before_commit") for crash tests.
+    """
+    started = time.perf_counter()
+    setup = _set_up(config, run_dir, restart=restart, log=log)
+    store = CheckpointStore(setup.paths.checkpoints)
+    opened = _open_journal(config, setup, store, log)
+    log(f"{config.method.value}: {setup.n} private examples (+{config.held_out} held out, "
+        f"used without privacy), q = {setup.rate:.5f}, {setup.total_steps} steps, sigma = "
+        f"{setup.sigma:.4f} ({setup.facts['sigma_from']}), {setup.model.num_params} "
+        f"parameters")
+    training = _Training(config, setup, opened, store, progress=progress, hook=hook)
+    stop_reason, finished_steps = training.run(opened.start, opened.already_finished)
+    privacy = _privacy_record(config, setup, opened.journal, stop_reason)
+    export.write_json(setup.paths.privacy, privacy)
+    curves = training.curves
+    saved_step = _save_chosen_model(setup.model, curves, finished_steps, setup.paths.model)
     report = {
         "method": config.method.value, "dataset": config.dataset,
-        "accuracy": {"test_at_chosen": curves[chosen]["test"],
-                     "chosen_step": curves[chosen]["step"],
-                     "chosen_epoch": curves[chosen]["epoch"],
-                     "validation_at_chosen": curves[chosen]["validation"],
-                     "test_final": curves[-1]["test"],
-                     "selection": "the evaluation with the best held-out validation "
-                                  "accuracy (never the test set)",
-                     # What model.keras holds: the chosen weights, unless the run resumed
-                     # from a checkpoint older than this field that predates the choice.
-                     "saved_model_step": saved_step,
-                     "test_of_saved_model": saved["test"]},
+        "accuracy": _accuracy_record(curves, saved_step),
         "privacy": privacy, "config": config.to_dict(), "curves": curves,
         "seconds_this_call": time.perf_counter() - started,
     }
-    export.write_json(paths.report, report)
-    log(f"{config.method.value}: test accuracy {report['accuracy']['test_at_chosen']:.4f} at "
-        f"step {report['accuracy']['chosen_step']} (chosen on validation; final "
-        f"{report['accuracy']['test_final']:.4f}), epsilon {epsilon.epsilon:.4f} at delta "
-        f"{config.delta:g} ({privacy['adjacency']}); model.keras holds the weights of step "
-        f"{saved_step}")
+    export.write_json(setup.paths.report, report)
+    accuracy = report["accuracy"]
+    log(f"{config.method.value}: test accuracy {accuracy['test_at_chosen']:.4f} at "
+        f"step {accuracy['chosen_step']} (chosen on validation; final "
+        f"{accuracy['test_final']:.4f}), epsilon {privacy['epsilon']['epsilon']:.4f} at "
+        f"delta {config.delta:g} ({privacy['adjacency']}); model.keras holds the weights of "
+        f"step {saved_step}")
     return report
