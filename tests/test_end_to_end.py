@@ -9,7 +9,7 @@ import pytest
 
 from dclens.privacy import accounting
 from dclens.common import export
-from dclens.datalens import outputs, run
+from dclens.datalens import outputs, run, step_log
 from dclens.datalens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
 
 TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
@@ -281,7 +281,7 @@ def test_the_progress_bar_shows_no_noise_free_function_of_the_private_data():
 
     common = dict(step=3, epoch=0, queries=40, epsilon=0.5, student_loss=0.01,
                   pass_fraction=0.3, seconds=1.0)
-    shown = [run.progress_fields(StepRecord(teacher_loss=loss, **common))
+    shown = [step_log.progress_fields(StepRecord(teacher_loss=loss, **common))
              for loss in (0.693, 1.386)]
     assert shown[0] == shown[1] == {"eps": "0.5000", "g_loss": "0.01", "passed": "0.300"}
 

@@ -36,42 +36,23 @@ from dclens.privacy import accounting
 from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.datalens import resume, sharded
-from dclens.datalens import topagg as topagg_lib
+from dclens.datalens.budget import (DATA_DEPENDENT_PARTITION_WARNING, NOT_PRIVATE_WARNING,
+                                    REPRODUCIBLE_NOISE_WARNING, UNPROVEN_ACCOUNTING_WARNING,
+                                    check_budget_allows_a_step, expected_steps, privacy_record,
+                                    steps_within_budget)
 from dclens.datalens.build import bank_location, image_shape_of, load_training_data
 from dclens.datalens.config import DataLensConfig, SaveVotes
 from dclens.datalens.outputs import (RAW_VOTES_MARKER, VoteWriter, class_grid,
                                      write_sample_outputs)
 from dclens.datalens.shards import plan_shards
+from dclens.datalens.step_log import LazySummaryWriter, log_step, new_progress_bar, on_off
 from dclens.datalens.train import BudgetExhausted, DataLens
 from dclens.runs.journal import PrivacyJournal
-from dclens.common.progress import progress_bar
 from dclens.runs.rundir import (Mode, RunDirError, RunPaths, create_run_files, open_journal,
                                 plan_run, restore_latest, root_seed as _saved_or_new_seed,
                                 set_aside, write_seed)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run"]
-
-NOT_PRIVATE_WARNING = ("*** --non_private: NO differential privacy. This run's generator and "
-                       "samples are NOT private; use them for debugging only. ***")
-REPRODUCIBLE_NOISE_WARNING = (
-    "--seed fixes the DP noise: anyone who knows the seed can reproduce and subtract it. "
-    "Use seeded runs for tests and debugging; do not publish their outputs as private.")
-
-
-UNPROVEN_ACCOUNTING_WARNING = (
-    "FetchSGD with the authors' accounting (--sketch_accounting authors_unproven): its "
-    "epsilon charges 2 sqrt(k) for noise added after unsketching and top-k, which no proof "
-    "supports; the reported epsilon is NOT a guarantee (privacy.json says "
-    "accounting_proven: false)")
-
-
-DATA_DEPENDENT_PARTITION_WARNING = (
-    "class-balanced partitions (--shuffle / balanced_partition, the authors'): a record's "
-    "teacher depends on every record's label, so replacing one record can move many "
-    "records between teachers and the 2 sqrt(k) sensitivity does not hold; the reported "
-    "epsilon is NOT a guarantee (privacy.json says accounting_proven: false). The default "
-    "partition (--noshuffle) is data-independent.")
-
 
 def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False,
                       flag: str = "--checkpoint_dir", offers_restart: bool = True):
@@ -117,63 +98,6 @@ Points: ``after_spend`` (a round's spend is journaled, its noise not drawn yet),
 ``after_step`` (privacy.json written, checkpoint not yet), ``checkpoint_before_commit``
 (checkpoint files durable, folder not renamed), ``after_checkpoint``, ``before_outputs``.
 """
-
-
-def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason: str | None,
-                   seeded: bool, journal: PrivacyJournal | None = None) -> dict:
-    """The JSON ledger of a run (see module docstring)."""
-    record = {
-        "private": not config.train.non_private,
-        "reproducible_noise": seeded,
-        "delta": config.budget.delta,
-        "max_eps": config.budget.max_eps,
-        "conversion": config.budget.conversion.value,
-        "sigma": config.topagg.sigma,
-        "topk": config.topagg.topk,
-        "aggregation": config.topagg.method.value,
-        "accounting_proven": config.accounting_proven,
-        "partition": ("class_balanced (data-dependent: not covered by the sensitivity)"
-                      if config.train.balanced_partition else
-                      "index (a random permutation of record indices: data-independent)"),
-        "unit": "replacing one training record (it changes one teacher's partition)",
-        # The mechanism's cached values (FetchSGD's come from its count sketch's hashes).
-        "sensitivity": lens.topagg.sensitivity,
-        "noise_multiplier": (lens.topagg.noise_multiplier
-                             if config.topagg.sigma > 0 else None),
-        "num_teachers": config.train.num_teachers,
-        "queries_per_round": lens.batch,
-        "queries": lens.ledger.queries,
-        "steps": lens.step,
-        "epsilon_per_step": curve,
-        "stop_reason": stop_reason,
-        "ledger": lens.ledger.state_dict(),
-        "lost_queries": journal.lost_queries if journal is not None else 0,
-        "lost_spends": journal.lost if journal is not None else [],
-        "hyperparameter_selection": accounting.HYPERPARAMETER_SELECTION,
-    }
-    if config.train.non_private:
-        record["warning"] = NOT_PRIVATE_WARNING
-    elif lens.ledger.queries:
-        record["epsilon"] = lens.ledger.epsilon().to_dict()
-        record["epsilon_all_conversions"] = {
-            conversion.value: other_conversion(lens.ledger, conversion).epsilon().to_dict()
-            for conversion in accounting.Conversion}
-    return record
-
-
-def other_conversion(ledger: accounting.PrivacyLedger,
-                     conversion: accounting.Conversion) -> accounting.PrivacyLedger:
-    """The same spends, converted with ``conversion`` (default orders of that conversion)."""
-    state = dict(ledger.state_dict())
-    if conversion is not ledger.conversion:
-        state["conversion"] = conversion.value
-        state["orders"] = list(accounting.CLASSIC_ORDERS if conversion is
-                               accounting.Conversion.CLASSIC else accounting.DP_ACCOUNTING_ORDERS)
-    return accounting.PrivacyLedger.from_state_dict(state)
-
-
-def _progress(total: int, enabled: bool):
-    return progress_bar(total, unit="step", desc="DataLens") if enabled else None
 
 
 def _no_hook(point: str, step: int) -> None:
@@ -252,95 +176,6 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
     hook("after_checkpoint", lens.step)
 
 
-def _log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar) -> None:
-    import tensorflow as tf
-
-    with writer.get().as_default(step=record.step + 1):
-        if record.epsilon is not None:
-            tf.summary.scalar("privacy/epsilon", record.epsilon)
-        if record.epsilon_data_dependent_analysis is not None:
-            tf.summary.scalar("privacy/epsilon_data_dependent_analysis_not_spent",
-                              record.epsilon_data_dependent_analysis)
-        tf.summary.scalar("loss/teacher", record.teacher_loss)
-        tf.summary.scalar("loss/student", record.student_loss)
-        tf.summary.scalar("votes/pass_fraction", record.pass_fraction)
-        tf.summary.scalar("time/seconds_per_step", record.seconds)
-        if (record.step + 1) % grid_every == 0:
-            tf.summary.image("samples/by_class", class_grid(
-                lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
-    if bar is not None:
-        bar.set_postfix(progress_fields(record))      # before update: a plain line shows it
-        bar.update(1)
-
-
-def progress_fields(record) -> dict[str, str]:
-    """What the progress bar shows of a step: released or public quantities only.
-
-    The epsilon spent, the student's loss and the share of coordinates that passed the
-    threshold are functions of the noisy, thresholded votes (post-processing of the
-    charged mechanism). The teachers' loss is computed on the private records with no
-    noise, so it is left out here and goes only to the run's own TensorBoard
-    (``loss/teacher``), as a private diagnostic: terminal output gets pasted into issues
-    and papers.
-    """
-    return {"eps": "n/a" if record.epsilon is None else f"{record.epsilon:.4f}",
-            "g_loss": f"{record.student_loss:.3g}",
-            "passed": f"{record.pass_fraction:.3f}"}
-
-
-class BudgetTooSmall(ValueError):
-    """The budget allows no generator step at all; nothing was written."""
-
-
-def _budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
-    """The accountant's arguments for one generator step (g_step rounds of B queries):
-    the mechanism's noise multiplier expressed as TopAgg's sigma / (2 sqrt(k))."""
-    topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
-    multiplier = topagg_lib.noise_multiplier(config.topagg, dim)
-    equivalent_sigma = (config.topagg.sigma
-                        if topagg_lib.sensitivity(config.topagg, dim) == topagg_sensitivity
-                        else multiplier * topagg_sensitivity)
-    orders = (accounting.classic_orders(config.budget.max_order)
-              if config.budget.conversion is accounting.Conversion.CLASSIC else None)
-    return dict(sigma=equivalent_sigma, topk=config.topagg.topk,
-                queries_per_step=batch * config.train.g_step, delta=config.budget.delta,
-                conversion=config.budget.conversion, orders=orders)
-
-
-def steps_within_budget(config: DataLensConfig, batch: int, dim: int) -> int:
-    """Whole generator steps (g_step rounds of ``batch`` queries) the budget allows from
-    nothing spent (the epoch cap aside)."""
-    return accounting.max_steps_within(max_eps=config.budget.max_eps,
-                                       **_budget_arguments(config, batch, dim))
-
-
-def check_budget_allows_a_step(config: DataLensConfig, batch: int, dim: int) -> None:
-    """Refuses (:class:`BudgetTooSmall`, naming what one step costs) a private run whose
-    budget allows no step: it would write an untrained generator's noise as its samples."""
-    if batch < 1 or config.topagg.topk > dim:
-        return          # not a budget question: DataLens refuses these by name
-    if config.train.non_private or steps_within_budget(config, batch, dim) > 0:
-        return
-    one = accounting.epsilon_for(steps=1, **_budget_arguments(config, batch, dim)).epsilon
-    raise BudgetTooSmall(
-        f"the budget epsilon <= {config.budget.max_eps:g} allows 0 generator steps: one step "
-        f"({config.train.g_step} round(s) of {batch} TopAgg queries) costs epsilon = "
-        f"{one:.4g} at delta {config.budget.delta:g} ({config.budget.conversion.value} "
-        f"conversion); raise --max_eps to at least {one:.4g}, or raise --sigma. Nothing "
-        "was written.")
-
-
-def _expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
-    """Steps the run will take: the budget's, or the epoch cap where it comes first."""
-    if config.train.non_private:
-        return total_steps
-    return min(total_steps, steps_within_budget(config, lens.batch, lens.shape.dim))
-
-
-def _on_off(flag: bool | None) -> str:
-    return "unknown" if flag is None else "on" if flag else "off"
-
-
 def _outputs_exist(output_dir: str) -> bool:
     paths = RunPaths(output_dir)
     return all(os.path.exists(path) for path in (paths.generator, paths.samples, paths.grid))
@@ -370,26 +205,6 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
     return RunSummary(latest.step, journal.queries, epsilon,
                       latest.state.get("stop_reason") or "epochs", plan.paths.root,
                       time.perf_counter() - started, latest.step, journal.lost_queries)
-
-
-class _LazySummaryWriter:
-    """A TensorBoard writer that creates its event file on first use, so an invocation
-    that logs nothing (a finished run, an early error) leaves no empty event file."""
-
-    def __init__(self, logdir: str):
-        self.logdir = logdir
-        self._writer = None
-
-    def get(self):
-        if self._writer is None:
-            import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-            self._writer = tf.summary.create_file_writer(self.logdir)
-        return self._writer
-
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
 
 
 def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
@@ -430,14 +245,7 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
             "do. Pass --restart to train it again.")
         return finished_already
     seeded = config.train.seed is not None
-    if not config.topagg.accounting_proven:
-        log("warning: " + UNPROVEN_ACCOUNTING_WARNING)
-    if config.train.balanced_partition and not config.train.non_private:
-        log("warning: " + DATA_DEPENDENT_PARTITION_WARNING)
-    if config.train.non_private:
-        log(NOT_PRIVATE_WARNING)
-    elif seeded:
-        log("warning: " + REPRODUCIBLE_NOISE_WARNING)
+    _warn_about_the_guarantee(config, log)
     if shards is not None:      # a bad --shards is refused before the data load
         plan_shards(config.train.num_teachers, shards, config.train.teacher_chunk)
     dataset = load_training_data(config)
@@ -450,31 +258,52 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
     if plan.set_aside:      # before the bank, which may be created inside the directory
         moved = set_aside(plan.paths.root)
         log(f"--restart: the previous run was moved to {moved} (nothing deleted)")
-    # A bank larger than half the RAM lives on disk inside the run (streamed chunk by chunk).
     store = CheckpointStore(plan.paths.checkpoints)
     if plan.mode is not Mode.FRESH:        # refuse another shard count before starting any
         _check_shards(store, shards or 0)
-    shard_options = None
-    if shards is not None:
-        shard_options = sharded.ShardOptions(shards, plan.paths.checkpoints, backend=shard_backend,
-                                     ray_address=ray_address)
-        log(f"starting {shards} shard worker(s) ({shard_backend}"
-            + (f", Ray at {ray_address}" if ray_address else "") + ")")
-    lens = DataLens(config, dataset, root_seed=root_seed,
-                    launch_teachers=(None if shard_options is None
-                                     else sharded.launcher(shard_options)),
-                    bank_dir=bank_location(config,
-                                           plan.paths.bank))
+    lens = _new_lens(config, dataset, plan, root_seed, log=log, shards=shards,
+                     ray_address=ray_address, shard_backend=shard_backend)
     facts = DatasetFacts(dataset.spec.name, dataset.source, len(dataset.labels))
     if lens.sharded:    # the workers hold the records; the driver keeps none of them
         lens.images = lens.labels = dataset = None
     try:
-        return _train_lens(config, output_dir, plan, facts, lens, store, root_seed, seeded,
-                           started, progress=progress, log=log,
-                           checkpoint_every=checkpoint_every, hook=hook)
+        training = _Training(config, output_dir, plan, lens, store, seeded=seeded, log=log,
+                             checkpoint_every=checkpoint_every, hook=hook)
+        training.open(facts, root_seed)
+        first_step = lens.step
+        return training.finish(training.run(progress), first_step, started)
     finally:
         if lens.sharded:
             lens.teachers.close()
+
+
+def _warn_about_the_guarantee(config: DataLensConfig, log: Callable[[str], None]) -> None:
+    """Says, before any work, when the run's epsilon will not be a guarantee."""
+    if not config.topagg.accounting_proven:
+        log("warning: " + UNPROVEN_ACCOUNTING_WARNING)
+    if config.train.balanced_partition and not config.train.non_private:
+        log("warning: " + DATA_DEPENDENT_PARTITION_WARNING)
+    if config.train.non_private:
+        log(NOT_PRIVATE_WARNING)
+    elif config.train.seed is not None:
+        log("warning: " + REPRODUCIBLE_NOISE_WARNING)
+
+
+def _new_lens(config: DataLensConfig, dataset, plan, root_seed: int, *,
+              log: Callable[[str], None], shards: int | None, ray_address: str | None,
+              shard_backend: str) -> DataLens:
+    """The DataLens object, its teachers in this process or in ``shards`` workers, its bank
+    (a bank larger than half the RAM lives on disk inside the run, streamed by chunk)."""
+    shard_options = None
+    if shards is not None:
+        shard_options = sharded.ShardOptions(shards, plan.paths.checkpoints,
+                                             backend=shard_backend, ray_address=ray_address)
+        log(f"starting {shards} shard worker(s) ({shard_backend}"
+            + (f", Ray at {ray_address}" if ray_address else "") + ")")
+    return DataLens(config, dataset, root_seed=root_seed,
+                    launch_teachers=(None if shard_options is None
+                                     else sharded.launcher(shard_options)),
+                    bank_dir=bank_location(config, plan.paths.bank))
 
 
 def _check_shards(store: CheckpointStore, shards: int) -> None:
@@ -491,124 +320,167 @@ def _check_shards(store: CheckpointStore, shards: int) -> None:
                           f"{name(saved)} (not {name(shards)}), or --restart")
 
 
-def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetFacts,
-                lens, store,
-                root_seed: int, seeded: bool, started: float, *, progress: bool,
-                log: Callable[[str], None], checkpoint_every: int, hook: FaultHook
-                ) -> RunSummary:
-    """The body of :func:`train_run` once ``lens`` exists."""
-    import tensorflow as tf
+class _Training:
+    """The generator steps of one call of :func:`train_run`, once ``lens`` exists: every
+    spend journaled before its noise, released values logged, checkpoints, and a stop on
+    the budget, the epoch cap or a non-finite student loss."""
 
+    def __init__(self, config: DataLensConfig, output_dir: str, plan, lens, store, *,
+                 seeded: bool, log: Callable[[str], None], checkpoint_every: int,
+                 hook: FaultHook):
+        self.config, self.output_dir, self.plan, self.lens = config, output_dir, plan, lens
+        self.store, self.seeded, self.log, self.hook = store, seeded, log, hook
+        self.checkpoint_every = checkpoint_every
+        self.writer = LazySummaryWriter(plan.paths.logs)
+        self.votes: VoteWriter | None = None
+        self.journal: PrivacyJournal | None = None
+        self.curve: list[dict] = []
+        self.resumed_from: int | None = None
+        self.finished = False           # the run had finished before this call
+        self.bar = None
 
-    resumed_from, finished = None, False
-    if plan.mode is Mode.FRESH:
-        journal, curve = _begin_fresh(plan, config, dataset, lens, root_seed), []
-    else:
-        journal, curve, resumed_from, finished = _resume(plan, lens, store, log)
-        if not os.path.exists(plan.paths.seed):
-            _write_seed(plan, root_seed, seeded)
+    def open(self, dataset: DatasetFacts, root_seed: int) -> None:
+        """The journal (fresh or resumed), the spend hook, --save_vote, and the log lines
+        that say what the run is."""
+        config, plan, lens, log = self.config, self.plan, self.lens, self.log
+        if plan.mode is Mode.FRESH:
+            self.journal = _begin_fresh(plan, config, dataset, lens, root_seed)
+        else:
+            self.journal, self.curve, self.resumed_from, self.finished = _resume(
+                plan, lens, self.store, log)
+            if not os.path.exists(plan.paths.seed):
+                _write_seed(plan, root_seed, self.seeded)
+        journal, hook = self.journal, self.hook
 
-    def on_spend(step: int, round_index: int, queries: int) -> None:
-        journal.append(step, round_index, queries)
-        hook("after_spend", step)
+        def on_spend(step: int, round_index: int, queries: int) -> None:
+            journal.append(step, round_index, queries)
+            hook("after_spend", step)
 
-    lens.on_spend = on_spend
-    votes = None
-    if config.train.save_votes is not SaveVotes.NONE:
-        votes = lens.observer = VoteWriter(plan.paths.root, config.train.save_votes)
-        log(f"--save_vote: every round's released update goes to {votes.folder}"
-            + (f"; RAW VOTE SUMS too: this run directory is PRIVATE ({RAW_VOTES_MARKER})"
-               if config.train.save_votes is SaveVotes.RAW_SUMS else ""))
-    log(f"{dataset.name}: {dataset.records} records, {config.train.num_teachers} "
-        f"teachers x {lens.partition_size} records, batch {lens.batch}, "
-        f"{lens.batch * config.train.g_step} queries per step; output in {output_dir}")
-    conv = getattr(lens.ensemble, "conv_path", None)
-    if conv is not None:
-        log(f"teacher convolutions: {conv.value} path (oneDNN "
-            f"{_on_off(machine.onednn_enabled())}; --conv_path to choose)")
-    writer = _LazySummaryWriter(plan.paths.logs)
-    total_steps = config.train.epochs * lens.steps_per_epoch
-    expected_steps = _expected_steps(config, lens, total_steps)
-    if not config.train.non_private:
-        budget_steps = steps_within_budget(config, lens.batch, lens.shape.dim)
-        log(f"the budget epsilon <= {config.budget.max_eps:g} allows {budget_steps} steps "
-            f"({config.budget.conversion.value} conversion)"
-            + (f"; the epoch cap (--epoch {config.train.epochs}) ends the run at step "
-               f"{total_steps}" if total_steps < budget_steps else ""))
-    bar = _progress(expected_steps, progress)
-    if bar is not None and lens.step:
-        bar.update(min(lens.step, expected_steps))
-    stop_reason = "epochs"
-    grid_every = max(1, min(50, expected_steps // 10))
-    first_step = lens.step
-    while lens.step < total_steps:
-        try:
-            record = lens.train_step()
-        except BudgetExhausted:
-            stop_reason = "budget"
-            if votes is not None:
-                votes.flush_all()
-            break
-        if votes is not None:
-            votes.flush(record.step)
+        lens.on_spend = on_spend
+        if config.train.save_votes is not SaveVotes.NONE:
+            self.votes = lens.observer = VoteWriter(plan.paths.root, config.train.save_votes)
+            log(f"--save_vote: every round's released update goes to {self.votes.folder}"
+                + (f"; RAW VOTE SUMS too: this run directory is PRIVATE ({RAW_VOTES_MARKER})"
+                   if config.train.save_votes is SaveVotes.RAW_SUMS else ""))
+        log(f"{dataset.name}: {dataset.records} records, {config.train.num_teachers} "
+            f"teachers x {lens.partition_size} records, batch {lens.batch}, "
+            f"{lens.batch * config.train.g_step} queries per step; output in "
+            f"{self.output_dir}")
+        conv = getattr(lens.ensemble, "conv_path", None)
+        if conv is not None:
+            log(f"teacher convolutions: {conv.value} path (oneDNN "
+                f"{on_off(machine.onednn_enabled())}; --conv_path to choose)")
+
+    def run(self, progress: bool) -> str:
+        """Steps until the epoch cap or the budget; returns the stop reason."""
+        config, lens = self.config, self.lens
+        total_steps = config.train.epochs * lens.steps_per_epoch
+        expected = expected_steps(config, lens, total_steps)
+        if not config.train.non_private:
+            budget_steps = steps_within_budget(config, lens.batch, lens.shape.dim)
+            self.log(f"the budget epsilon <= {config.budget.max_eps:g} allows {budget_steps} "
+                     f"steps ({config.budget.conversion.value} conversion)"
+                     + (f"; the epoch cap (--epoch {config.train.epochs}) ends the run at "
+                        f"step {total_steps}" if total_steps < budget_steps else ""))
+        self.bar = new_progress_bar(expected, progress)
+        if self.bar is not None and lens.step:
+            self.bar.update(min(lens.step, expected))
+        grid_every = max(1, min(50, expected // 10))
+        stop_reason = "epochs"
+        while lens.step < total_steps:
+            try:
+                record = lens.train_step()
+            except BudgetExhausted:
+                stop_reason = "budget"
+                if self.votes is not None:
+                    self.votes.flush_all()
+                break
+            self._after_step(record, grid_every)
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.flush()
+        return stop_reason
+
+    def _after_step(self, record, grid_every: int) -> None:
+        config, lens = self.config, self.lens
+        if self.votes is not None:
+            self.votes.flush(record.step)
         if record.queries:
             point = {"step": record.step + 1, "queries": lens.ledger.queries,
                      "epsilon": record.epsilon}
             if record.epsilon_data_dependent_analysis is not None:
                 point["epsilon_data_dependent_analysis"] = \
                     record.epsilon_data_dependent_analysis
-            curve.append(point)
-        export.write_json(plan.paths.privacy,
-                          privacy_record(lens, config, curve, None, seeded, journal))
-        _log_step(writer, record, lens, config, grid_every, bar)
-        hook("after_step", lens.step)
+            self.curve.append(point)
+        self._write_privacy(None)
+        log_step(self.writer, record, lens, config, grid_every, self.bar)
+        self.hook("after_step", lens.step)
         # Only the student's loss decides: it is a function of the generator and the
         # released updates (post-processing).  The teachers' loss is a noise-free function
         # of the private records, so neither it nor whether it is finite may choose when
         # the run stops; a diverged teacher's non-finite gradient votes as a zero gradient
         # inside the charged sensitivity (dclens.datalens.topagg.zero_nonfinite_rows).
         if not math.isfinite(record.student_loss):
-            writer.flush()
-            if bar is not None:
-                bar.close()
-            export.write_json(plan.paths.privacy, privacy_record(
-                lens, config, curve, "non-finite student loss", seeded, journal))
-            latest = store.latest()
-            raise TrainingDiverged(
-                f"step {record.step + 1}: the student's loss is not finite "
-                f"({record.student_loss}); stopped. The ledger "
-                f"({plan.paths.journal}, {plan.paths.privacy}) counts all "
-                f"{lens.ledger.queries} queries made; the last good checkpoint is "
-                f"{latest.path if latest else 'none (the start)'}; no outputs were written. "
-                "Resuming would repeat the same steps: start a new run (--restart or a new "
-                "--checkpoint_dir) with a smaller --learning_rate.")
-        if lens.step % checkpoint_every == 0:
-            _save_checkpoint(store, lens, journal, curve, finished=False, stop_reason=None,
-                             hook=hook, log=log)
-    if bar is not None:
-        bar.close()
-    writer.flush()
+            self._stop_diverged(record)
+        if lens.step % self.checkpoint_every == 0:
+            self._save_checkpoint(finished=False, stop_reason=None)
 
-    epsilon = None if config.train.non_private or not lens.ledger.queries \
-        else lens.ledger.epsilon().epsilon
-    export.write_json(plan.paths.privacy,
-                      privacy_record(lens, config, curve, stop_reason, seeded, journal))
-    summary = RunSummary(lens.step, lens.ledger.queries, epsilon, stop_reason, output_dir,
-                         time.perf_counter() - started, resumed_from, journal.lost_queries)
-    if lens.step == first_step and finished and _outputs_exist(output_dir):
-        log(f"the run in {output_dir} is already finished (stopped by {stop_reason} at step "
-            f"{lens.step}); nothing to do. Pass --restart to train it again.")
+    def _write_privacy(self, stop_reason: str | None) -> None:
+        export.write_json(self.plan.paths.privacy, privacy_record(
+            self.lens, self.config, self.curve, stop_reason, self.seeded, self.journal))
+
+    def _save_checkpoint(self, *, finished: bool, stop_reason: str | None) -> None:
+        _save_checkpoint(self.store, self.lens, self.journal, self.curve, finished=finished,
+                         stop_reason=stop_reason, hook=self.hook, log=self.log)
+
+    def _stop_diverged(self, record) -> None:
+        self.writer.flush()
+        if self.bar is not None:
+            self.bar.close()
+        self._write_privacy("non-finite student loss")
+        latest, paths = self.store.latest(), self.plan.paths
+        raise TrainingDiverged(
+            f"step {record.step + 1}: the student's loss is not finite "
+            f"({record.student_loss}); stopped. The ledger "
+            f"({paths.journal}, {paths.privacy}) counts all "
+            f"{self.lens.ledger.queries} queries made; the last good checkpoint is "
+            f"{latest.path if latest else 'none (the start)'}; no outputs were written. "
+            "Resuming would repeat the same steps: start a new run (--restart or a new "
+            "--checkpoint_dir) with a smaller --learning_rate.")
+
+    def finish(self, stop_reason: str, first_step: int, started: float) -> RunSummary:
+        """The final privacy record and checkpoint, then the outputs (generator, samples,
+        grids), unless the run had finished before this call."""
+        import tensorflow as tf
+
+        config, lens, output_dir, log = self.config, self.lens, self.output_dir, self.log
+        epsilon = None if config.train.non_private or not lens.ledger.queries \
+            else lens.ledger.epsilon().epsilon
+        self._write_privacy(stop_reason)
+        summary = RunSummary(lens.step, lens.ledger.queries, epsilon, stop_reason, output_dir,
+                             time.perf_counter() - started, self.resumed_from,
+                             self.journal.lost_queries)
+        if lens.step == first_step and self.finished and _outputs_exist(output_dir):
+            log(f"the run in {output_dir} is already finished (stopped by {stop_reason} at "
+                f"step {lens.step}); nothing to do. Pass --restart to train it again.")
+            return summary
+        self._save_checkpoint(finished=True, stop_reason=stop_reason)
+        self.hook("before_outputs", lens.step)
+        lens.generator.save(RunPaths(output_dir).generator)
+        write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
+                             epsilon=epsilon, batch=lens.batch, log=log)
+        with self.writer.get().as_default(step=lens.step):
+            tf.summary.image("samples/by_class", class_grid(
+                        lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
+        self.writer.flush()
+        log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
+            f"{stop_reason}; {_spent(config, epsilon)}; {summary.seconds:.0f} s. Outputs in "
+            f"{output_dir}")
         return summary
-    _save_checkpoint(store, lens, journal, curve, finished=True, stop_reason=stop_reason,
-                     hook=hook, log=log)
-    hook("before_outputs", lens.step)
-    lens.generator.save(RunPaths(output_dir).generator)
-    write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
-                         epsilon=epsilon, batch=lens.batch, log=log)
-    with writer.get().as_default(step=lens.step):
-        tf.summary.image("samples/by_class", class_grid(
-                    lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
-    writer.flush()
+
+
+def _spent(config: DataLensConfig, epsilon: float | None) -> str:
+    """The closing line's account of the privacy spent, with the guarantee's caveats."""
     spent = ("NOT PRIVATE (--non_private)" if epsilon is None and config.train.non_private
              else f"epsilon = {epsilon:.4f} at delta = {config.budget.delta:g} "
                   f"({config.budget.conversion.value} conversion)" if epsilon is not None
@@ -616,8 +488,4 @@ def _train_lens(config: DataLensConfig, output_dir: str, plan, dataset: DatasetF
     if epsilon is not None:
         spent += accounting.guarantee_caveats(proven=config.accounting_proven,
                                               seeded=config.train.seed is not None)
-    log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
-        f"{stop_reason}; {spent}; {summary.seconds:.0f} s. Outputs in {output_dir}")
-    return summary
-
-
+    return spent
