@@ -28,7 +28,7 @@ import pytest
 
 from dclens.common import export
 from dclens.dpsgd.cli import config_from_args
-from dclens.experiments import reproduce as reproduce_lib
+from dclens.experiments import paper_rows
 from dclens.gswgan.config import GswganConfig
 from dclens.runs import output_checks
 from conftest import load_script, run_tool, snapshot, write_idx
@@ -150,10 +150,10 @@ def dpsgd_run(names: dict[str, str], *changes: str) -> None:
 
 def datalens_run_with_beta_02(names: dict[str, str]) -> None:
     """A DataLens run of reproduce.py's valid command but with thresh 0.2."""
-    options = reproduce_lib.ReproduceOptions(
+    options = paper_rows.ReproduceOptions(
         dataset="fashion_mnist", eps=1, teachers=4, max_records=80, num_samples=60,
         epochs=1, seed=3, teacher_chunk=4, data_dir=names["data"], thresh=0.2)
-    config = reproduce_lib.build_config(options)[0]
+    config = paper_rows.build_config(options)[0]
     _saved_run(f"{names['tmp']}/run", {"config": config.to_dict()})
 
 

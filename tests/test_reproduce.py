@@ -8,6 +8,7 @@ import pytest
 
 from dclens.privacy import accounting
 from dclens.experiments import reproduce
+from dclens.experiments import paper_rows
 from dclens.datalens import config as cfg
 from conftest import load_script
 
@@ -140,30 +141,30 @@ def test_evaluate_cli_errors(tmp_path, capsys):
 
 
 def test_build_config_paper_and_scaled():
-    config, deviations = reproduce.build_config(reproduce.ReproduceOptions("fashion_mnist", 10))
+    config, deviations = paper_rows.build_config(paper_rows.ReproduceOptions("fashion_mnist", 10))
     assert deviations == [] and config == cfg.paper_preset("fashion_mnist", 10)
-    scaled, deviations = reproduce.build_config(
-        reproduce.ReproduceOptions("fashion_mnist", 1, scale=0.05))
+    scaled, deviations = paper_rows.build_config(
+        paper_rows.ReproduceOptions("fashion_mnist", 1, scale=0.05))
     assert scaled.train.num_teachers == 200 and scaled.train.batch_size == 15
     assert scaled.topagg == cfg.paper_preset("fashion_mnist", 1).topagg
-    assert deviations and reproduce.ReproduceOptions(
+    assert deviations and paper_rows.ReproduceOptions(
         "fashion_mnist", 1, scale=0.05).default_name() == "fashion_mnist-eps1-t200"
-    assert reproduce.ReproduceOptions("fashion_mnist", 10).default_name() == "fashion_mnist-eps10"
-    assert reproduce.ReproduceOptions(
+    assert paper_rows.ReproduceOptions("fashion_mnist", 10).default_name() == "fashion_mnist-eps10"
+    assert paper_rows.ReproduceOptions(
         "fashion_mnist", 10, epochs=50, num_samples=1000, max_records=600,
         non_private=True).default_name() == "fashion_mnist-eps10-e50-n1000-r600-nonprivate"
-    free, deviations = reproduce.build_config(
-        reproduce.ReproduceOptions("fashion_mnist", 1, teachers=200, non_private=True))
+    free, deviations = paper_rows.build_config(
+        paper_rows.ReproduceOptions("fashion_mnist", 1, teachers=200, non_private=True))
     assert free.train.non_private and free.topagg.sigma == 0.0
     steps = accounting.max_steps_within(sigma=5000.0, topk=200, queries_per_step=15,
                                         max_eps=1.0, delta=1e-5, conversion="classic")
     steps_per_epoch = (60_000 // 200) // 15
     assert (free.train.epochs - 1) * steps_per_epoch < steps <= free.train.epochs * steps_per_epoch
     assert any("NON-PRIVATE" in d for d in deviations)
-    with pytest.raises(reproduce.ReproduceError, match="celebA-hair"):
-        reproduce.ReproduceOptions("celebA-hair", 1)
-    with pytest.raises(reproduce.ReproduceError, match="scale must be in"):
-        reproduce.ReproduceOptions("fashion_mnist", 1, scale=2.0)
+    with pytest.raises(paper_rows.ReproduceError, match="celebA-hair"):
+        paper_rows.ReproduceOptions("celebA-hair", 1)
+    with pytest.raises(paper_rows.ReproduceError, match="scale must be in"):
+        paper_rows.ReproduceOptions("fashion_mnist", 1, scale=2.0)
 
 
 def test_rerender_rewrites_the_markdown_from_the_json(tiny_report):
@@ -188,19 +189,19 @@ def test_official_flag_gives_the_authors_schedule_and_flags_override_it():
 
 
 def test_analysis_rows_change_only_what_they_name_and_say_so():
-    options = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=400,
+    options = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=400,
                                          aggregation="klevel", thresh=0.5, topk=100)
     assert options.default_name() == "fashion_mnist-eps1-t400-klevel-b0.5-k100"
-    config, deviations = reproduce.build_config(options)
+    config, deviations = paper_rows.build_config(options)
     assert config.topagg.method.value == "klevel"
     assert (config.topagg.thresh, config.topagg.topk) == (0.5, 100)
     assert config.topagg.sigma == 5000.0                    # the paper's otherwise
     assert any("aggregation klevel" in d for d in deviations)
-    same = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, thresh=0.9, topk=200,
+    same = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, thresh=0.9, topk=200,
                                       aggregation="topk_stochastic_sign")
     assert same.default_name() == "fashion_mnist-eps1"       # the paper's values: no change
-    with pytest.raises(reproduce.ReproduceError, match="unknown aggregation 'nope'"):
-        reproduce.ReproduceOptions(aggregation="nope")
+    with pytest.raises(paper_rows.ReproduceError, match="unknown aggregation 'nope'"):
+        paper_rows.ReproduceOptions(aggregation="nope")
 
 
 def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):
@@ -234,7 +235,7 @@ def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_pa
     code = reproduce_cli.main(["fashion_mnist", "--eps", "1", "--out", str(out),
                                "--run_dir", str(run), "--add_authors", "1", "--quiet"])
     assert code == 2 and "reads 10000 samples but only 60" in capsys.readouterr().err
-    with pytest.raises(reproduce.ReproduceError, match="samples.npz not found"):
+    with pytest.raises(paper_rows.ReproduceError, match="samples.npz not found"):
         reproduce.add_authors_protocol(str(out), small, run_dir=str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit):
         reproduce_cli.main(["fashion_mnist", "--eps", "1", "--add_authors", "1",
@@ -283,10 +284,10 @@ def test_fidelity_options_are_the_authors_choices_named_but_not_deviations():
     """--balanced_partition / --fake_rendering teacher_labels set the authors' partition
     and rendering; the run stays at the paper config (they are the authors' choices), but
     its name says so, so it never shares a folder or a Table 1 row with a default run."""
-    options = reproduce.ReproduceOptions("fashion_mnist", 1, balanced_partition=True,
+    options = paper_rows.ReproduceOptions("fashion_mnist", 1, balanced_partition=True,
                                          fake_rendering="teacher_labels")
     assert options.default_name() == "fashion_mnist-eps1-balanced-teacher_labels"
-    config, deviations = reproduce.build_config(options)
+    config, deviations = paper_rows.build_config(options)
     assert deviations == []
     assert config.train.balanced_partition
     assert config.train.fake_rendering is cfg.FakeRendering.TEACHER_LABELS
@@ -294,12 +295,12 @@ def test_fidelity_options_are_the_authors_choices_named_but_not_deviations():
     assert config.replace(train={"balanced_partition": False,
                                  "fake_rendering": cfg.FakeRendering.CLASS_GRID}) \
         == cfg.paper_preset("fashion_mnist", 1)
-    same = reproduce.ReproduceOptions("fashion_mnist", 1, fake_rendering="class_grid")
+    same = paper_rows.ReproduceOptions("fashion_mnist", 1, fake_rendering="class_grid")
     assert same.default_name() == "fashion_mnist-eps1"
-    with pytest.raises(reproduce.ReproduceError, match="unknown fake_rendering 'nope'"):
-        reproduce.ReproduceOptions(fake_rendering="nope")
-    with pytest.raises(reproduce.ReproduceError, match="balanced_partition must be"):
-        reproduce.ReproduceOptions(balanced_partition="yes")
+    with pytest.raises(paper_rows.ReproduceError, match="unknown fake_rendering 'nope'"):
+        paper_rows.ReproduceOptions(fake_rendering="nope")
+    with pytest.raises(paper_rows.ReproduceError, match="balanced_partition must be"):
+        paper_rows.ReproduceOptions(balanced_partition="yes")
     args = reproduce_cli.build_parser().parse_args(
         ["fashion_mnist", "--eps", "1", "--balanced_partition", "--fake_rendering",
          "teacher_labels"])
@@ -325,13 +326,13 @@ def test_sigma_scale_keeps_the_paper_steps_at_a_truthfully_raised_budget():
     paper = cfg.paper_preset("fashion_mnist", 1)
     paper_steps = accounting.max_steps_within(sigma=5000.0, topk=200, queries_per_step=15,
                                               max_eps=1.0, delta=1e-5, conversion="classic")
-    assert reproduce.paper_steps("fashion_mnist", 1) == paper_steps
-    options = reproduce.ReproduceOptions("fashion_mnist", 1, teachers=200,
+    assert paper_rows.paper_steps("fashion_mnist", 1) == paper_steps
+    options = paper_rows.ReproduceOptions("fashion_mnist", 1, teachers=200,
                                          max_records=3000, sigma_scale=0.05)
     assert options.default_name() == "fashion_mnist-eps1-t200-r3000-sigma0.05"
-    config, deviations = reproduce.build_config(options)
+    config, deviations = paper_rows.build_config(options)
     assert config.topagg.sigma == pytest.approx(250.0)
-    assert config.budget.max_eps == reproduce.matched_budget("fashion_mnist", 1, 250.0)
+    assert config.budget.max_eps == paper_rows.matched_budget("fashion_mnist", 1, 250.0)
     assert config.budget.max_eps > 10                 # far from the paper's epsilon = 1 ...
     assert any(d.startswith("NOT epsilon = 1") for d in deviations)   # ... and says so
     assert any("relative to the vote sum (at most 200) is 1x the paper's" in d
@@ -346,11 +347,11 @@ def test_sigma_scale_keeps_the_paper_steps_at_a_truthfully_raised_budget():
     assert abs(_steps_within_budget(250.0, dense, 15, config) - at_paper) <= 1
     assert at_paper < paper_steps / 2
     # Without it the reduced scale keeps the paper's sigma and budget.
-    plain = reproduce.build_config(reproduce.ReproduceOptions("fashion_mnist", 1,
+    plain = paper_rows.build_config(paper_rows.ReproduceOptions("fashion_mnist", 1,
                                                               teachers=200))[0]
     assert (plain.topagg.sigma, plain.budget.max_eps) == (5000.0, 1.0)
     for bad in (0, 1.5, True, "0.1"):
-        with pytest.raises(reproduce.ReproduceError, match="sigma_scale must be in"):
-            reproduce.ReproduceOptions("fashion_mnist", 1, sigma_scale=bad)
-    with pytest.raises(reproduce.ReproduceError, match="non_private run has none"):
-        reproduce.ReproduceOptions("fashion_mnist", 1, sigma_scale=0.5, non_private=True)
+        with pytest.raises(paper_rows.ReproduceError, match="sigma_scale must be in"):
+            paper_rows.ReproduceOptions("fashion_mnist", 1, sigma_scale=bad)
+    with pytest.raises(paper_rows.ReproduceError, match="non_private run has none"):
+        paper_rows.ReproduceOptions("fashion_mnist", 1, sigma_scale=0.5, non_private=True)

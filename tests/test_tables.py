@@ -6,7 +6,8 @@ import json
 import pytest
 
 from dclens.evaluation import classifiers, evaluate
-from dclens.experiments import reproduce, tables
+from dclens.experiments import tables
+from dclens.experiments import paper_rows
 from conftest import load_script
 
 cli = load_script("tables")
@@ -23,7 +24,7 @@ def test_dry_run_lists_every_row_with_its_change(capsys):
 
 def test_table_4t_rows_set_their_teachers_in_proportion_to_the_shared_scale():
     def names(**shared):
-        base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, **shared)
+        base = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, **shared)
         return [tables.row_options(base, row).default_name()
                 for row in tables.TABLES["4t"][1]]
 
@@ -37,17 +38,17 @@ def test_table_4t_rows_set_their_teachers_in_proportion_to_the_shared_scale():
 
 
 def test_matched_noise_scales_sigma_with_the_teachers_and_the_table_says_so(capsys):
-    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=200)
+    base = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=200)
     matched = tables.matched_noise(base)
     assert matched.sigma_scale == 200 / 4000
-    with pytest.raises(reproduce.ReproduceError, match="give --teachers N < 4000"):
-        tables.matched_noise(reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1))
+    with pytest.raises(paper_rows.ReproduceError, match="give --teachers N < 4000"):
+        tables.matched_noise(paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1))
     summary = {"title": "t", "dataset": "fashion_mnist",
                "options": dataclasses.asdict(matched),
                "rows": [tables._row_entry(row, tables.row_options(matched, row),
                                           "fashion_mnist", None)
                         for row in tables.TABLES["7"][1]]}
-    budget = reproduce.matched_budget("fashion_mnist", 1, 250.0)
+    budget = paper_rows.matched_budget("fashion_mnist", 1, 250.0)
     markdown = tables.render(summary)
     assert "NOT epsilon = 1" in markdown and f"epsilon {budget:.4g}" in markdown
     assert "NOT epsilon" not in tables.render(dict(summary,
@@ -62,7 +63,7 @@ def test_matched_noise_scales_sigma_with_the_teachers_and_the_table_says_so(caps
 
 
 def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_dir, tmp_path):
-    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=4,
+    base = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=4,
                                       max_records=80, num_samples=60, epochs=1,
                                       data_dir=str(tiny_fmnist_dir))
     settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
@@ -93,14 +94,14 @@ def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_di
     assert tables.run_table("7", base, **kwargs)["rows"][0]["val"] == summary["rows"][0]["val"]
     full.write_text((tmp_path / "table" / summary["rows"][1]["name"] / "report.json")
                     .read_text())
-    with pytest.raises(reproduce.ReproduceError,
+    with pytest.raises(paper_rows.ReproduceError,
                        match="not this row's run: topagg.method: 'no_topk' "
                              "\\(row: 'topk_stochastic_sign'\\)"):
         tables.run_table("7", base, **kwargs)
     report = json.loads(original)
     report["config"]["train"]["balanced_partition"] = True
     full.write_text(json.dumps(report))
-    with pytest.raises(reproduce.ReproduceError, match="train.balanced_partition: True"):
+    with pytest.raises(paper_rows.ReproduceError, match="train.balanced_partition: True"):
         tables.run_table("7", base, **kwargs)
 
 
@@ -110,7 +111,7 @@ def test_a_table_runs_only_the_rows_asked_for_and_shares_them_with_other_tables(
     table.md, written as the table stands); another table with the same row copies it
     instead of training it; ``train=False`` only renders; an unknown row name is refused
     with the table's row names."""
-    base = reproduce.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=4,
+    base = paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=1, teachers=4,
                                       max_records=80, num_samples=60, epochs=1,
                                       data_dir=str(tiny_fmnist_dir))
     settings = evaluate.EvalSettings(schedule=classifiers.Schedule(epochs=1, batch_size=16),
@@ -120,7 +121,7 @@ def test_a_table_runs_only_the_rows_asked_for_and_shares_them_with_other_tables(
                   reference=False, progress=False)
     seven, four_b = tmp_path / "tables" / "table7", tmp_path / "tables" / "table4b"
     names = tables.table_row_names("7", base)
-    with pytest.raises(reproduce.ReproduceError, match=f"no row named 'nope'.*{names[1]}"):
+    with pytest.raises(paper_rows.ReproduceError, match=f"no row named 'nope'.*{names[1]}"):
         tables.run_table("7", base, out_dir=str(seven), only=["nope"], **kwargs)
     summary = tables.run_table("7", base, out_dir=str(seven), only=[names[3]], **kwargs)
     assert [r["status"] for r in summary["rows"]] == ["not run"] * 3 + ["finished"]
@@ -150,8 +151,8 @@ def test_a_table_runs_only_the_rows_asked_for_and_shares_them_with_other_tables(
 
 
 def test_tables_are_at_epsilon_one():
-    with pytest.raises(reproduce.ReproduceError, match="epsilon = 1"):
-        tables.run_table("7", reproduce.ReproduceOptions(dataset="fashion_mnist", eps=10),
+    with pytest.raises(paper_rows.ReproduceError, match="epsilon = 1"):
+        tables.run_table("7", paper_rows.ReproduceOptions(dataset="fashion_mnist", eps=10),
                          out_dir="unused")
 
 

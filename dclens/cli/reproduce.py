@@ -29,6 +29,7 @@ from dclens.datalens import config, run
 from dclens import data
 from dclens.runs import output_checks
 from dclens.experiments import reproduce
+from dclens.experiments import paper_rows
 from dclens.evaluation import authors_protocol
 add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
 
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_paths(options: reproduce.ReproduceOptions, out: str, run_dir: str, *,
+def check_paths(options: paper_rows.ReproduceOptions, out: str, run_dir: str, *,
                 train: bool) -> None:
     """Refuses, before anything runs, a report folder (--out) that cannot be written (it
     is written after training and evaluation) and, when training, a --run_dir that cannot
@@ -109,7 +110,7 @@ def check_paths(options: reproduce.ReproduceOptions, out: str, run_dir: str, *,
     output_checks.check_output_dir(out)
     if not train:
         return
-    run.plan_datalens_run(reproduce.build_config(options)[0], run_dir, flag="--run_dir",
+    run.plan_datalens_run(paper_rows.build_config(options)[0], run_dir, flag="--run_dir",
                           offers_restart=False)
 
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "scripts/reproduce.py",
                           *(sys.argv[1:] if argv is None else argv)])
     try:
-        options = reproduce.ReproduceOptions(
+        options = paper_rows.ReproduceOptions(
             dataset=args.dataset, eps=args.eps, scale=args.scale, teachers=args.teachers,
             non_private=args.non_private, epochs=args.train_epochs,
             num_samples=args.num_samples, max_records=args.max_records, seed=args.seed,
@@ -136,15 +137,15 @@ def main(argv: list[str] | None = None) -> int:
                                             ("--rerender", args.rerender),
                                             ("--skip_train", args.skip_train)) if given]
         if len(actions) > 1:
-            raise reproduce.ReproduceError(f"{' and '.join(actions)} are separate actions on "
+            raise paper_rows.ReproduceError(f"{' and '.join(actions)} are separate actions on "
                                            f"a run; give one per command")
         if args.add_authors is not None and (args.protocol == "authors"
                                              or args.authors_range != 1):
-            raise reproduce.ReproduceError("--add_authors RANGE runs the authors' protocol on "
+            raise paper_rows.ReproduceError("--add_authors RANGE runs the authors' protocol on "
                                            "its own; drop --protocol authors / --range")
         settings = None if args.add_authors is not None else settings_from_args(args,
                                                                                  args.dataset)
-    except (reproduce.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
+    except (paper_rows.ReproduceError, evaluate.EvaluationError, classifiers.ScheduleError,
             config.ConfigError, ValueError) as error:
         parser.error(str(error))
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             skip_train=args.skip_train, reference=not args.no_reference,
             cache_dir=args.cache_dir, command=command, note=args.note or "",
             progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every)
-    except (reproduce.ReproduceError, evaluate.EvaluationError, data.DataError,
+    except (paper_rows.ReproduceError, evaluate.EvaluationError, data.DataError,
             run.RunDirError, ValueError) as error:
         print(f"reproduce.py: error: {error}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ import sys
 from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
-from dclens.experiments import reproduce, tables
+from dclens.experiments import tables
+from dclens.experiments import paper_rows
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
@@ -89,21 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--checkpoint_every must be >= 1 (generator steps between checkpoints), "
                      f"got {args.checkpoint_every}")
     try:        # checked for every table: a nonsensical number is refused, not ignored
-        base = reproduce.ReproduceOptions(
+        base = paper_rows.ReproduceOptions(
             dataset=args.dataset, eps=1, scale=args.scale, teachers=args.teachers,
             epochs=args.train_epochs, num_samples=args.num_samples,
             max_records=args.max_records, data_dir=args.data_dir,
             teacher_chunk=args.teacher_chunk)
         if args.matched_noise and args.table != "6":
             base = tables.matched_noise(base)
-    except reproduce.ReproduceError as error:
+    except paper_rows.ReproduceError as error:
         parser.error(str(error))
     if args.table == "6":
         out = args.out or os.path.join("results", "tables", f"table6-{args.dataset}")
         try:
             check_output_dir(out)
             summary = tables.write_table6(args.bench, args.dataset, out)
-        except (reproduce.ReproduceError, RunDirError) as error:
+        except (paper_rows.ReproduceError, RunDirError) as error:
             print(f"tables.py: error: {error}", file=sys.stderr)
             return 2
         for row in summary["rows"]:
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                    progress=not args.quiet,
                                    checkpoint_every=args.checkpoint_every,
                                    only=args.rows, train=not args.render)
-    except (reproduce.ReproduceError, RunDirError, ValueError, OSError) as error:
+    except (paper_rows.ReproduceError, RunDirError, ValueError, OSError) as error:
         print(f"tables.py: error: {error}", file=sys.stderr)
         return 2
     for row in summary["rows"]:

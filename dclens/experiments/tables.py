@@ -25,6 +25,7 @@ from typing import Callable, Collection
 from dclens.datalens import config as cfg
 from dclens.common import export, reporting
 from dclens.experiments import reproduce
+from dclens.experiments import paper_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
 
 
-def row_options(base: reproduce.ReproduceOptions, row: Row) -> reproduce.ReproduceOptions:
+def row_options(base: paper_rows.ReproduceOptions, row: Row) -> paper_rows.ReproduceOptions:
     """The row's options: the shared ones with the row's changes.
 
     A row that sets its own teacher count (Table 4t: 2000, 3000, 4000 of the paper's 4000)
@@ -100,14 +101,14 @@ def row_options(base: reproduce.ReproduceOptions, row: Row) -> reproduce.Reprodu
     return dataclasses.replace(base, **changes)
 
 
-def _paper_teachers(options: reproduce.ReproduceOptions) -> int:
+def _paper_teachers(options: paper_rows.ReproduceOptions) -> int:
     return cfg.paper_preset(options.dataset, options.eps).train.num_teachers
 
 
-def matched_noise(base: reproduce.ReproduceOptions) -> reproduce.ReproduceOptions:
+def matched_noise(base: paper_rows.ReproduceOptions) -> paper_rows.ReproduceOptions:
     """``base`` with ``sigma_scale`` = its teachers / the paper's: every row keeps the
     paper's noise relative to the vote sum and TopAgg's number of steps, at the larger
-    epsilon those steps then cost (:func:`dclens.experiments.reproduce.matched_budget`, the same for
+    epsilon those steps then cost (:func:`dclens.experiments.paper_rows.matched_budget`, the same for
     every row, as the paper's rows share epsilon = 1).
 
     At eps = 1 with the paper's sigma a reduced ensemble is swamped by the noise (200
@@ -118,7 +119,7 @@ def matched_noise(base: reproduce.ReproduceOptions) -> reproduce.ReproduceOption
     paper = _paper_teachers(base)
     teachers = base.resolved_teachers(paper)
     if teachers >= paper:
-        raise reproduce.ReproduceError(
+        raise paper_rows.ReproduceError(
             f"matched noise is for a reduced scale; these options run {teachers} teachers "
             f"(the paper's {paper}): give --teachers N < {paper} or --scale below 1")
     return dataclasses.replace(base, sigma_scale=teachers / paper)
@@ -128,7 +129,7 @@ def matched_noise(base: reproduce.ReproduceOptions) -> reproduce.ReproduceOption
 NOT_ALGORITHM = frozenset({"teacher_chunk", "data_dir", "conv_path"})
 
 
-def check_row_report(report: dict, options: reproduce.ReproduceOptions, path: str) -> None:
+def check_row_report(report: dict, options: paper_rows.ReproduceOptions, path: str) -> None:
     """Refuses a finished row's report whose training config is not the row's.
 
     A row's report may come from a run made outside the table (e.g. a Table 1 run copied
@@ -136,7 +137,7 @@ def check_row_report(report: dict, options: reproduce.ReproduceOptions, path: st
     (budget, mechanism, training; except :data:`NOT_ALGORITHM`) equals the one the row
     would run.
     """
-    want = reproduce.build_config(options)[0].to_dict()
+    want = paper_rows.build_config(options)[0].to_dict()
     have = report.get("config") or {}
     differences = []
     for section in sorted(set(want) | set(have)):
@@ -150,12 +151,12 @@ def check_row_report(report: dict, options: reproduce.ReproduceOptions, path: st
                 differences.append(f"{section}.{key}: {theirs.get(key)!r} "
                                    f"(row: {mine.get(key)!r})")
     if differences:
-        raise reproduce.ReproduceError(
+        raise paper_rows.ReproduceError(
             f"{path} is not this row's run: " + "; ".join(differences)
             + ". Move it away to run the row afresh")
 
 
-def _read_report(path: str, options: reproduce.ReproduceOptions) -> dict:
+def _read_report(path: str, options: paper_rows.ReproduceOptions) -> dict:
     with open(path, encoding="utf-8") as stream:
         report = json.load(stream)
     check_row_report(report, options, path)
@@ -187,7 +188,7 @@ def _adopt_row(source: str, target: str) -> None:
             reporting.copy_once(path, os.path.join(target, entry))
 
 
-def _row_entry(row: Row, options: reproduce.ReproduceOptions, base_dataset: str,
+def _row_entry(row: Row, options: paper_rows.ReproduceOptions, base_dataset: str,
                report: dict | None) -> dict:
     """One line of ``table.json``: the paper's numbers, and ours if the row has run."""
     entry = {"row": row.label, "name": options.default_name(), "changes": row.changes,
@@ -215,14 +216,14 @@ def _row_entry(row: Row, options: reproduce.ReproduceOptions, base_dataset: str,
     return entry
 
 
-def table_row_names(table: str, base: reproduce.ReproduceOptions) -> list[str]:
+def table_row_names(table: str, base: paper_rows.ReproduceOptions) -> list[str]:
     """The run names of ``table``'s rows at the shared options ``base``, in table order."""
     if table not in TABLES:
-        raise reproduce.ReproduceError(f"unknown table {table!r}; use one of {sorted(TABLES)}")
+        raise paper_rows.ReproduceError(f"unknown table {table!r}; use one of {sorted(TABLES)}")
     return [row_options(base, row).default_name() for row in TABLES[table][1]]
 
 
-def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
+def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
               run_root: str = os.path.join("runs", "tables"),
               log: Callable[[str], None] = print, only: Collection[str] | None = None,
               train: bool = True, **reproduce_kwargs) -> dict:
@@ -235,11 +236,11 @@ def run_table(table: str, base: reproduce.ReproduceOptions, *, out_dir: str,
     that spans sessions always shows what has finished.
     """
     if base.eps != 1:
-        raise reproduce.ReproduceError("the paper's analysis tables are at epsilon = 1")
+        raise paper_rows.ReproduceError("the paper's analysis tables are at epsilon = 1")
     names = table_row_names(table, base)
     unknown = sorted(set(only or ()) - set(names))
     if unknown:
-        raise reproduce.ReproduceError(
+        raise paper_rows.ReproduceError(
             f"no row named {', '.join(map(repr, unknown))} in table {table} at these "
             f"options; its rows are {', '.join(names)} (scripts/tables.py --dry_run lists "
             f"them)")
@@ -328,11 +329,11 @@ def _matched_noise_note(options: dict) -> list[str]:
         return []
     dataset, eps = options["dataset"], options["eps"]
     sigma = cfg.paper_preset(dataset, eps).topagg.sigma
-    budget = reproduce.matched_budget(dataset, eps, sigma * scale)
+    budget = paper_rows.matched_budget(dataset, eps, sigma * scale)
     return [f"**A noise-matched reduced scale, NOT epsilon = {eps}.** Every row runs "
             f"sigma = {sigma * scale:g} ({scale:g} x the paper's "
             f"{sigma:g}) under one budget, epsilon {budget:.4g} (what the "
-            f"paper config's {reproduce.paper_steps(dataset, eps)} TopAgg steps "
+            f"paper config's {paper_rows.paper_steps(dataset, eps)} TopAgg steps "
             f"cost at that sigma): with {scale:g} x the paper's teachers the noise relative "
             "to the vote sum is the paper's, and each mechanism runs the steps its own "
             "sensitivity allows, as at the paper scale. With the paper's sigma a reduced "
@@ -352,17 +353,17 @@ def table6(bench_report: dict, dataset: str) -> dict:
     ran fewer teachers than the configuration, else the measured one. The ratio to TopAgg
     is taken within the report (one run, one machine); the paper's is on one Tesla T4.
     """
-    paper_rows = {row.changes.get("aggregation", "topk_stochastic_sign"): row
+    rows_by_mechanism = {row.changes.get("aggregation", "topk_stochastic_sign"): row
                   for row in TABLES[TABLE_6][1]}
     rows = []
     for result in bench_report["results"]:
         if "error" in result:
-            raise reproduce.ReproduceError(f"the bench of {result.get('aggregation')} "
+            raise paper_rows.ReproduceError(f"the bench of {result.get('aggregation')} "
                                            f"failed: {result['error']}")
         part = result.get("extrapolated") or result["measured"]
         seconds = part.get("seconds_per_step", part.get("seconds_per_step_median"))
         phases = part.get("phases_seconds", part.get("phases_median_seconds"))
-        paper = paper_rows.get(result["aggregation"])
+        paper = rows_by_mechanism.get(result["aggregation"])
         rows.append({
             "aggregation": result["aggregation"], "config": result["config"],
             "row": paper.label if paper else f"{result['aggregation']} (not in Table 6)",
@@ -375,11 +376,11 @@ def table6(bench_report: dict, dataset: str) -> dict:
                                         if paper else None)})
     configs = {row["config"] for row in rows}
     if len(configs) != 1:
-        raise reproduce.ReproduceError(f"Table 6 compares mechanisms at one configuration; "
+        raise paper_rows.ReproduceError(f"Table 6 compares mechanisms at one configuration; "
                                        f"the bench report ran {sorted(configs)}")
     base = [r for r in rows if r["aggregation"] == "topk_stochastic_sign"]
     if not base:
-        raise reproduce.ReproduceError("the bench report has no TopAgg run "
+        raise paper_rows.ReproduceError("the bench report has no TopAgg run "
                                        "(--aggregation topk_stochastic_sign), the baseline "
                                        "of Table 6's ratios")
     paper_base = base[0]["paper_seconds_per_epoch"]
@@ -433,7 +434,7 @@ def write_table6(bench_path: str, dataset: str, out_dir: str) -> dict:
         with open(bench_path, encoding="utf-8") as stream:
             report = json.load(stream)
     except (OSError, ValueError) as error:
-        raise reproduce.ReproduceError(f"cannot read the bench report {bench_path!r}: "
+        raise paper_rows.ReproduceError(f"cannot read the bench report {bench_path!r}: "
                                        f"{error}; write one with scripts/bench.py --out") \
             from error
     summary = table6(report, dataset)
