@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dclens.privacy import accounting
+from dclens.common import provenance as provenance_lib
 from dclens.experiments import reproduce
 from dclens.experiments import paper_rows
 from dclens.datalens import config as cfg
@@ -127,7 +128,7 @@ def test_provenance_ignores_untracked_outputs(monkeypatch):
         calls.append(args)
         return "" if args[0] == "status" else "abc123"
 
-    monkeypatch.setattr(reproduce, "_git", fake_git)
+    monkeypatch.setattr(provenance_lib, "git", fake_git)
     record = reproduce.provenance("python scripts/reproduce.py fashion_mnist --eps 1")
     assert ("status", "--porcelain", "--untracked-files=no") in calls
     assert record["commit"] == "abc123" and record["uncommitted_changes"] is False

@@ -22,17 +22,20 @@ def _version(package: str) -> str | None:
         return None
 
 
-def commit() -> dict[str, object] | None:
-    """The dclens checkout's commit and whether it had uncommitted changes (None outside a
-    git checkout)."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True,
-                                  text=True, timeout=10, check=False)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
+def git(*args: str) -> str | None:
+    """``git args`` in the dclens checkout: its stripped output, None if it fails."""
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
+
+def commit() -> dict[str, object] | None:
+    """The dclens checkout's commit and whether tracked files had uncommitted changes
+    (untracked files, e.g. a run's outputs under results/, do not count); None outside a
+    git checkout."""
     head = git("rev-parse", "HEAD")
     if head is None:
         return None

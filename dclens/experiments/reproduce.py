@@ -25,11 +25,11 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import time
 from typing import Callable
 
 from dclens.common import machine
+from dclens.common import provenance as provenance_lib
 from dclens.evaluation import evaluate, record_outputs
 from dclens.common import export
 from dclens.runs import rundir
@@ -38,15 +38,6 @@ from dclens.datalens import run
 from dclens.evaluation import classifiers, quality as quality_scores
 from dclens.experiments.paper_rows import (PAPER_SOURCE, INDEPENDENT, ReproduceError, ReproduceOptions, build_config, scale_facts)
 from dclens.experiments.reproduction_report import render_markdown
-
-def _git(*args: str) -> str | None:
-    try:
-        result = subprocess.run(["git", *args], check=False, capture_output=True, text=True,
-                                timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
-
 
 #: How this code initialises the generator (one independent seed per layer since 7eadf2b;
 #: before, one seeded initializer was reused across layers): a fact of the training run.
@@ -73,12 +64,11 @@ def provenance(command: str) -> dict:
     even if the tree moves on during a run of hours. Untracked files (the run's own
     outputs under results/) do not count as changes.
     """
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    checkout = provenance_lib.commit() or {"commit": None, "uncommitted_changes": None}
     import keras
     import tensorflow as tf
 
-    return {"command": command, "commit": _git("rev-parse", "HEAD"),
-            "uncommitted_changes": None if status is None else bool(status),
+    return {"command": command, **checkout,
             "machine": {"platform": platform.platform(), "processor": platform.processor()
                         or platform.machine(), "cpu_count": os.cpu_count(),
                         "cpu": machine.cpu_model_name(),
