@@ -170,26 +170,55 @@ def run_authors(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
     provides the initial weights (copied into their variables).
     """
     flags = _their_flags(code, config, workdir)
-    model = code.model
-
-    class SharedDataDCGAN(model.DCGAN):
-        """Their DCGAN reading the shared subset instead of its IDX files."""
-
-        def load_fashion_mnist(self):
-            return images.astype(np.float64), one_hot.astype(np.float64)
-
     recorder = NumpyDrawRecorder(np.random.default_rng(config.seed + 1),
                                  (config.batch, config.z_dim),
-                                 step_ended=lambda step: generator_snapshot(step))
-    # dclens' initial weights, read eagerly (inside their graph, tensors are symbolic).
-    split = lens.ensemble.layout.split(tf.constant(lens.bank.weights))
-    initial_teachers = {name: split[name].numpy() for name in TEACHER_NAMES}
-    initial_generator = {theirs: getattr(lens.generator.get_layer(layer), weight).numpy()
-                         for (layer, weight), theirs in GENERATOR_NAMES.items()}
+                                 step_ended=lambda step: their_run.generator_snapshot(step))
+    initial = _initial_weights(lens)    # read eagerly: inside their graph, symbolic
     graph = tf.Graph()
     with graph.as_default(), contextlib.redirect_stdout(log):
         session = tf.compat.v1.Session(graph=graph)
-        dcgan = SharedDataDCGAN(
+        their_run = _TheirRun(code, config, flags, session, graph, recorder, workdir,
+                              images, one_hot)
+        their_run.start_from(*initial)
+        try:
+            with session.as_default(), recorder.installed():
+                their_run.dcgan.train_together(flags)
+                recorder.finish()
+        except SystemExit as stop:
+            raise SideBySideError("the authors' loop stopped early (privacy budget)") from stop
+        finally:
+            session.close()
+    return recorder.steps[:config.steps]
+
+
+def _initial_weights(lens: DataLens) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """dclens' initial teacher weights {name: [T, ...]} and generator weights {their
+    variable name: array}, as numpy."""
+    split = lens.ensemble.layout.split(tf.constant(lens.bank.weights))
+    teachers = {name: split[name].numpy() for name in TEACHER_NAMES}
+    generator = {theirs: getattr(lens.generator.get_layer(layer), weight).numpy()
+                 for (layer, weight), theirs in GENERATOR_NAMES.items()}
+    return teachers, generator
+
+
+class _TheirRun:
+    """Their DCGAN in its own graph, reading the shared data, its teachers and generator
+    started from dclens' initial weights, and read back after every step: the teachers
+    when their loop saves them, the generator when the next step draws its z."""
+
+    def __init__(self, code: tf1_compat.AuthorsCode, config: SideBySideConfig, flags,
+                 session, graph, recorder: NumpyDrawRecorder, workdir: str,
+                 images: np.ndarray, one_hot: np.ndarray):
+        self.code, self.config, self.session, self.graph = code, config, session, graph
+        self.recorder = recorder
+
+        class SharedDataDCGAN(code.model.DCGAN):
+            """Their DCGAN reading the shared subset instead of its IDX files."""
+
+            def load_fashion_mnist(self):
+                return images.astype(np.float64), one_hot.astype(np.float64)
+
+        self.dcgan = SharedDataDCGAN(
             session, batch_size=flags.batch_size, sample_num=flags.batch_size,
             y_dim=flags.y_dim, z_dim=flags.z_dim, dataset_name=flags.dataset,
             crop=flags.crop, checkpoint_dir=workdir, sample_dir=flags.sample_dir,
@@ -201,95 +230,87 @@ def run_authors(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
             input_height=flags.input_height, input_width=flags.input_width,
             output_height=flags.output_height, output_width=flags.output_width,
             wgan=flags.wgan, small=flags.small, config=flags)
-        variables = {v.name: v for v in tf.compat.v1.global_variables()}
+        self.variables = {v.name: v for v in tf.compat.v1.global_variables()}
+        self.generator_variables = {name: self.variables[f"generator/{theirs}:0"]
+                                    for name, theirs in GENERATOR_NAMES.items()}
+        self._save_d, self._aggregate = self.dcgan.save_d, self.dcgan.aggregate_results
+        self.dcgan.save_d = self.save_d
+        self.dcgan.aggregate_results = self.aggregate_results
+
+    def start_from(self, teachers: dict[str, np.ndarray],
+                   generator: dict[str, np.ndarray]) -> None:
+        """Their variables get dclens' initial weights right after their initializer runs."""
 
         def initial_assignments() -> None:
-            for i in range(config.teachers):
+            for i in range(self.config.teachers):
                 for name in TEACHER_NAMES:
-                    _assign(session, variables, _teacher_variable(i, name),
-                            initial_teachers[name][i])
-            for theirs, value in initial_generator.items():
-                _assign(session, variables, f"generator/{theirs}:0", value)
+                    _assign(self.session, self.variables, _teacher_variable(i, name),
+                            teachers[name][i])
+            for theirs, value in generator.items():
+                _assign(self.session, self.variables, f"generator/{theirs}:0", value)
 
-        code.after_initializer = initial_assignments
+        self.code.after_initializer = initial_assignments
 
-        def read(name: str) -> np.ndarray:
-            """The value of their variable ``name`` (Adam's slots exist once their loop
-            has built its optimizers, hence the lookup at every read)."""
-            if name not in variables:
-                variables.update({v.name: v for v in graph.get_collection(
-                    tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)})
-            return np.array(session.run(variables[name]), copy=True)
+    def read(self, name: str) -> np.ndarray:
+        """The value of their variable ``name`` (Adam's slots exist once their loop has
+        built its optimizers, hence the lookup at every read)."""
+        if name not in self.variables:
+            self.variables.update({v.name: v for v in self.graph.get_collection(
+                tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)})
+        return np.array(self.session.run(self.variables[name]), copy=True)
 
-        def slots(name: str) -> tuple[np.ndarray, np.ndarray]:
-            """Adam's (m, v) of variable ``name`` (TF1 slots ``<var>/Adam``, ``/Adam_1``)."""
-            stem = name[:-len(":0")]
-            return read(f"{stem}/Adam:0"), read(f"{stem}/Adam_1:0")
+    def slots(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Adam's (m, v) of variable ``name`` (TF1 slots ``<var>/Adam``, ``/Adam_1``)."""
+        stem = name[:-len(":0")]
+        return self.read(f"{stem}/Adam:0"), self.read(f"{stem}/Adam_1:0")
 
-        def teacher_snapshot() -> None:
-            step = recorder.current
-            step.teacher_weights = {
-                name: np.stack([read(_teacher_variable(i, name))
-                                for i in range(config.teachers)])
-                for name in TEACHER_NAMES}
-            step.teacher_adam = {
-                name: tuple(np.stack(moments) for moments in zip(*[
-                    slots(_teacher_variable(i, name)) for i in range(config.teachers)]))
-                for name in TEACHER_NAMES}
-            slot = (len(recorder.steps) - 1) % config.steps_per_epoch
-            rows = range(slot * config.batch, (slot + 1) * config.batch)
-            step.teacher_loss = np.array([
-                session.run(dcgan.teachers_list[i]["d_loss"], feed_dict={
-                    dcgan.inputs: dcgan.train_data_list[i][rows], dcgan.z: step.latent,
-                    dcgan.y: dcgan.train_label_list[i][rows]})
-                for i in range(config.teachers)])
+    def teacher_snapshot(self) -> None:
+        config, dcgan, step = self.config, self.dcgan, self.recorder.current
+        step.teacher_weights = {
+            name: np.stack([self.read(_teacher_variable(i, name))
+                            for i in range(config.teachers)])
+            for name in TEACHER_NAMES}
+        step.teacher_adam = {
+            name: tuple(np.stack(moments) for moments in zip(*[
+                self.slots(_teacher_variable(i, name)) for i in range(config.teachers)]))
+            for name in TEACHER_NAMES}
+        slot = (len(self.recorder.steps) - 1) % config.steps_per_epoch
+        rows = range(slot * config.batch, (slot + 1) * config.batch)
+        step.teacher_loss = np.array([
+            self.session.run(dcgan.teachers_list[i]["d_loss"], feed_dict={
+                dcgan.inputs: dcgan.train_data_list[i][rows], dcgan.z: step.latent,
+                dcgan.y: dcgan.train_label_list[i][rows]})
+            for i in range(config.teachers)])
 
-        original_save_d = dcgan.save_d
+    def save_d(self, checkpoint_dir, step, teacher_batch):
+        """Their teacher save: the end of a step's teacher training (the first one, right
+        after their initialisation, starts the recording)."""
+        if self.recorder.active:
+            self.teacher_snapshot()
+        else:
+            self.recorder.start()
+        return self._save_d(checkpoint_dir, step, teacher_batch)
 
-        def save_d(checkpoint_dir, step, teacher_batch):
-            if recorder.active:
-                teacher_snapshot()
-            else:
-                recorder.start()          # the save right after their initialisation
-            return original_save_d(checkpoint_dir, step, teacher_batch)
+    def aggregate_results(self, output_list, *args, **kwargs):
+        self.recorder.current.image_gradients.append(np.stack(output_list))
+        result = self._aggregate(output_list, *args, **kwargs)
+        self.recorder.current.updates.append(np.asarray(result[0]))
+        return result
 
-        original_aggregate = dcgan.aggregate_results
-
-        def aggregate_results(output_list, *args, **kwargs):
-            recorder.current.image_gradients.append(np.stack(output_list))
-            result = original_aggregate(output_list, *args, **kwargs)
-            recorder.current.updates.append(np.asarray(result[0]))
-            return result
-
-        generator_variables = {name: variables[f"generator/{theirs}:0"]
-                               for name, theirs in GENERATOR_NAMES.items()}
-
-        def generator_snapshot(step: TheirStep) -> None:
-            """After the step's student update (read when the next step draws its z)."""
-            step.generator_weights = {f"{layer}/{weight}": read(variable.name)
-                                      for (layer, weight), variable
-                                      in generator_variables.items()}
-            step.generator_adam = {f"{layer}/{weight}": slots(variable.name)
-                                   for (layer, weight), variable
-                                   in generator_variables.items()}
-            step.generator_statistics = {
-                f"{bn}/{stat}": read(f"generator/{bn}/{stat}:0")
-                for bn in ("g_bn0", "g_bn1", "g_bn2")
-                for stat in ("moving_mean", "moving_variance")}
-            index = next(i for i, seen in enumerate(recorder.steps) if seen is step)
-            step.epsilon = float(dcgan.dp_eps_list[index])
-
-        dcgan.save_d = save_d
-        dcgan.aggregate_results = aggregate_results
-        try:
-            with session.as_default(), recorder.installed():
-                dcgan.train_together(flags)
-                recorder.finish()
-        except SystemExit as stop:
-            raise SideBySideError("the authors' loop stopped early (privacy budget)") from stop
-        finally:
-            session.close()
-    return recorder.steps[:config.steps]
+    def generator_snapshot(self, step: TheirStep) -> None:
+        """After the step's student update (read when the next step draws its z)."""
+        step.generator_weights = {f"{layer}/{weight}": self.read(variable.name)
+                                  for (layer, weight), variable
+                                  in self.generator_variables.items()}
+        step.generator_adam = {f"{layer}/{weight}": self.slots(variable.name)
+                               for (layer, weight), variable
+                               in self.generator_variables.items()}
+        step.generator_statistics = {
+            f"{bn}/{stat}": self.read(f"generator/{bn}/{stat}:0")
+            for bn in ("g_bn0", "g_bn1", "g_bn2")
+            for stat in ("moving_mean", "moving_variance")}
+        index = next(i for i, seen in enumerate(self.recorder.steps) if seen is step)
+        step.epsilon = float(self.dcgan.dp_eps_list[index])
 
 
 def _assign(session, variables: dict, name: str, value: np.ndarray) -> None:
