@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from dclens.common import export
-from dclens.dpsgd.cli import config_from_args
+from dclens.cli.dpsgd_flags import config_from_args
 from dclens.experiments import paper_rows
 from dclens.gswgan.config import GswganConfig
 from dclens.runs import output_checks
@@ -217,6 +217,12 @@ MATRIX = [
         "evaluate.py: error: learning_rate must be a finite number > 0, got nan"),
     Bad("evaluate", "--range without --protocol authors", (SAMPLES, "--range", "2"),
         "evaluate.py: error: --range and --authors_epochs need --protocol authors"),
+    # Refused before the val and sen classifiers train (minutes), not after them.
+    Bad("evaluate", "--range reads more samples than are given",
+        (SAMPLES, "--protocol", "authors", "--range", "1"),
+        "evaluate.py: error: --range 1 reads 10000 samples (the authors' 10000 per pickle) "
+        "but only 30 are given; give at least 10000 samples (one pickle), or drop --protocol "
+        "authors"),
     # ---------------------------------------------------------------- privacy.py
     Bad("privacy", "sigma nan", ("--sigma", "nan", "--steps", "43"),
         "privacy.py: error: sigma must be a finite number > 0, got nan; it is the std of the "

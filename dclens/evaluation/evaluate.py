@@ -286,23 +286,9 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     continues its trajectory when run again (see :func:`run_authors_protocol`).
     """
     started = time.perf_counter()
-    if synthetic.spec.image_shape != test.spec.image_shape:
-        raise EvaluationError(f"synthetic images are {synthetic.spec.image_shape} but the test "
-                              f"images are {test.spec.image_shape}")
-    if synthetic.spec.num_classes != test.spec.num_classes:
-        raise EvaluationError(f"synthetic data has {synthetic.spec.num_classes} classes, the "
-                              f"test data {test.spec.num_classes}")
-    if len(test) == 0:
-        raise EvaluationError(f"the test data ({test.source}) is empty")
-    if settings.quality and quality_scores.cached_model_path(
-            train_split_name(synthetic.spec.name), data_dir, settings=settings.domain,
-            cache_dir=cache_dir) is None:
-        epochs = settings.domain.schedule.epochs
-        log(f"note: IS/FID need a domain classifier, trained once on the real training split "
-            f"and then cached ({cache_dir or quality_scores.default_cache_dir()}): {epochs} "
-            f"epochs, about {epochs * quality_scores.DOMAIN_SECONDS_PER_EPOCH_2_CORES / 60:.0f}"
-            " min on 2 CPU cores for Fashion-MNIST, after the classifiers below; "
-            "--no_quality skips it")
+    _check_inputs(synthetic, test, settings)
+    if settings.quality:
+        _note_the_domain_classifier(synthetic, settings, data_dir, cache_dir, log)
     seeds = settings.seeds()
     given = len(synthetic)
     as_given = synthetic              # the authors' protocol reads the first samples given
@@ -317,20 +303,12 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         raise EvaluationError(f"{len(synthetic)} synthetic samples are too few to hold out a "
                               f"validation part (val_fraction={settings.val_fraction}); give "
                               f"more samples")
-    x_train, y_train = synthetic.images[train_idx], synthetic.labels[train_idx]
-    x_val, y_val = synthetic.images[val_idx], synthetic.labels[val_idx]
     log(f"classifier: {len(train_idx)} train / {len(val_idx)} held-out val images "
         f"({input_kind}), {len(test)} real test images; {settings.schedule.optimizer} lr "
         f"{settings.schedule.learning_rate:g}, batch {settings.schedule.batch_size}, "
         f"{settings.schedule.epochs} epochs")
-    model = classifiers.build_classifier(spec.image_shape, spec.num_classes,
-                                         seed=seeds["init"])
-    classifiers.compile_for(model, settings.schedule)
-    curves = classifiers.fit_with_curves(
-        model, x_train, y_train, schedule=settings.schedule, seed=seeds["shuffle"],
-        monitors={"val": (x_val, y_val), "test": (test.images, test.labels)}, log=log)
-    del model
-
+    curves = _fit(synthetic.images[train_idx], synthetic.labels[train_idx], test, settings,
+                  seeds, log, validation=(synthetic.images[val_idx], synthetic.labels[val_idx]))
     chosen = select_by_validation(curves["val_accuracy"])        # never sees test labels
     protocols = {"val": {"accuracy": curves["test_accuracy"][chosen], "epoch": chosen + 1,
                          "val_accuracy": curves["val_accuracy"][chosen],
@@ -338,34 +316,20 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     sen_curves = None
     if settings.sen_on_all_data:
         log("sen protocol: a second classifier on all synthetic samples (as the authors)")
-        model = classifiers.build_classifier(spec.image_shape, spec.num_classes,
-                                             seed=seeds["init"])
-        classifiers.compile_for(model, settings.schedule)
-        sen_curves = classifiers.fit_with_curves(
-            model, synthetic.images, synthetic.labels, schedule=settings.schedule,
-            seed=seeds["shuffle"], monitors={"test": (test.images, test.labels)}, log=log)
-        del model
-    source_curves = sen_curves if sen_curves is not None else curves
-    best = select_by_test(source_curves["test_accuracy"])
-    protocols["sen"] = {"accuracy": source_curves["test_accuracy"][best], "epoch": best + 1,
-                        "trained_on": "all synthetic samples" if sen_curves is not None
-                        else "the non-held-out synthetic samples (same run as val)",
-                        "description": PROTOCOLS["sen"]}
+        sen_curves = _fit(synthetic.images, synthetic.labels, test, settings, seeds, log)
+    protocols["sen"] = _sen_protocol(curves, sen_curves)
     log(f"accuracy on the real test set: val protocol {protocols['val']['accuracy']:.4f} "
         f"(epoch {protocols['val']['epoch']}), sen protocol "
         f"{protocols['sen']['accuracy']:.4f} (epoch {protocols['sen']['epoch']})")
-
     if settings.authors is not None:
         protocols[authors_key(settings.authors)] = run_authors_protocol(
             as_given, test, settings.authors, seed=seeds["init"],
             state_path=authors_state_path, log=log)
-
     quality_result = None
     if settings.quality:
         quality_result = score_quality(synthetic, test, samples=settings.quality_samples,
                                        seed=seeds["quality"], domain=settings.domain,
                                        data_dir=data_dir, cache_dir=cache_dir, log=log)
-
     import keras
     import tensorflow as tf
 
@@ -393,6 +357,71 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         "seconds": time.perf_counter() - started,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
+
+
+def _check_inputs(synthetic: data.LabeledImages, test: data.LabeledImages,
+                  settings: EvalSettings) -> None:
+    """Refuses, before any training, inputs the protocols cannot use."""
+    if synthetic.spec.image_shape != test.spec.image_shape:
+        raise EvaluationError(f"synthetic images are {synthetic.spec.image_shape} but the test "
+                              f"images are {test.spec.image_shape}")
+    if synthetic.spec.num_classes != test.spec.num_classes:
+        raise EvaluationError(f"synthetic data has {synthetic.spec.num_classes} classes, the "
+                              f"test data {test.spec.num_classes}")
+    if len(test) == 0:
+        raise EvaluationError(f"the test data ({test.source}) is empty")
+    authors = settings.authors
+    if authors is not None and len(synthetic) < authors.real_rows:
+        fits = len(synthetic) // authors.rows_per_pickle
+        remedy = (f"lower --range to at most {fits} or give more samples" if fits else
+                  f"give at least {authors.rows_per_pickle} samples (one pickle), or drop "
+                  f"--protocol authors")
+        raise EvaluationError(
+            f"--range {authors.range} reads {authors.real_rows} samples (the authors' "
+            f"{authors.rows_per_pickle} per pickle) but only {len(synthetic)} are given; "
+            f"{remedy}")
+
+
+def _note_the_domain_classifier(synthetic: data.LabeledImages, settings: EvalSettings,
+                                data_dir: str | None, cache_dir: str | None,
+                                log: Callable[[str], None]) -> None:
+    """Says up front when IS/FID will first train their domain classifier (minutes)."""
+    if quality_scores.cached_model_path(
+            train_split_name(synthetic.spec.name), data_dir, settings=settings.domain,
+            cache_dir=cache_dir) is not None:
+        return
+    epochs = settings.domain.schedule.epochs
+    log(f"note: IS/FID need a domain classifier, trained once on the real training split "
+        f"and then cached ({cache_dir or quality_scores.default_cache_dir()}): {epochs} "
+        f"epochs, about {epochs * quality_scores.DOMAIN_SECONDS_PER_EPOCH_2_CORES / 60:.0f}"
+        " min on 2 CPU cores for Fashion-MNIST, after the classifiers below; "
+        "--no_quality skips it")
+
+
+def _fit(images: np.ndarray, labels: np.ndarray, test: data.LabeledImages,
+         settings: EvalSettings, seeds: dict, log: Callable[[str], None], *,
+         validation: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+    """A fresh classifier (the same initial weights every time) trained on (images,
+    labels); its per-epoch curves on ``validation`` (if given) and the real test set."""
+    spec = test.spec
+    model = classifiers.build_classifier(spec.image_shape, spec.num_classes,
+                                         seed=seeds["init"])
+    classifiers.compile_for(model, settings.schedule)
+    monitors = {} if validation is None else {"val": validation}
+    monitors["test"] = (test.images, test.labels)
+    return classifiers.fit_with_curves(model, images, labels, schedule=settings.schedule,
+                                       seed=seeds["shuffle"], monitors=monitors, log=log)
+
+
+def _sen_protocol(curves: dict, sen_curves: dict | None) -> dict:
+    """The authors' selection: the epoch of best *test* accuracy (reported, never a
+    headline), of the all-samples classifier if one was trained, else of the val run's."""
+    source_curves = sen_curves if sen_curves is not None else curves
+    best = select_by_test(source_curves["test_accuracy"])
+    return {"accuracy": source_curves["test_accuracy"][best], "epoch": best + 1,
+            "trained_on": "all synthetic samples" if sen_curves is not None
+            else "the non-held-out synthetic samples (same run as val)",
+            "description": PROTOCOLS["sen"]}
 
 
 def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
