@@ -23,14 +23,14 @@ import argparse
 import pathlib
 import sys
 
-from dclens.cli import interrupted
+from dclens.cli import common_flags, interrupted
 from dclens.common import tf_env
-from dclens.dpsgd.cli import add_config_arguments
+from dclens.cli.dpsgd_flags import add_config_arguments
 from dclens import data
 from dclens.runs import rundir
 from dclens.runs.checkpoint import CheckpointError
 from dclens.dpsgd import train
-from dclens.dpsgd.cli import config_from_args
+from dclens.cli.dpsgd_flags import config_from_args
 from dclens.dpsgd.config import DpsgdConfigError
 from dclens.runs.journal import JournalError
 
@@ -41,12 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dpsgd.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
-    parser.add_argument("--run_dir", required=True,
-                        help="run directory (resumed if it holds this run)")
+    common_flags.add_run_dir(parser)
     add_config_arguments(parser)
-    parser.add_argument("--restart", action="store_true",
-                        help="set an existing run aside and start over")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+    common_flags.add_quiet(parser)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from dclens.cli import common_flags
 from dclens.dpsgd.config import DEFAULT_LEARNING_RATES, DpsgdConfig
 from dclens.dpsgd.mechanisms import Method
 
@@ -15,12 +16,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--method", choices=[m.value for m in Method], default=defaults.method.value)
     add("--dataset", choices=("fashion_mnist", "mnist"), default=defaults.dataset)
-    add("--data_dir", help="data root (default: the dataset's default location)")
-    add("--max_records", type=int, help="use the first N training records only")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--target_eps", type=float, help=f"epsilon to calibrate sigma to "
-                        f"[default: {defaults.target_eps}]")
-    budget.add_argument("--sigma", type=float, help="the noise multiplier, as given")
+    common_flags.add_data(parser)
+    common_flags.add_budget(parser, default_eps=defaults.target_eps)
     add("--delta", type=float, default=defaults.delta)
     add("--conversion", choices=("dp_accounting", "classic"), default=defaults.conversion.value)
     add("--batch_size", type=int, default=defaults.batch_size,
@@ -48,7 +45,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add("--validation", type=int, default=defaults.validation,
         help="held-out training images the evaluation epoch is chosen on")
     add("--activation", choices=("relu", "tanh"), default=defaults.activation)
-    add("--seed", type=int, help="fix every draw, DP noise included (NOT for publication)")
+    common_flags.add_seed(parser)
     add("--checkpoint_every", type=int, default=defaults.checkpoint_every)
     add("--eval_every", type=int, default=defaults.eval_every,
         help="steps between evaluations (0: once per epoch)")
@@ -60,12 +57,10 @@ def config_from_args(args: argparse.Namespace) -> DpsgdConfig:
     With neither ``--target_eps`` nor ``--sigma`` the budget is the config's default
     epsilon; ``--sigma`` alone means no budget to calibrate to.
     """
-    target = DpsgdConfig().target_eps if args.target_eps is None else args.target_eps
-    if args.sigma is not None:
-        target = None
+    target, sigma = common_flags.budget_from_args(args, default_eps=DpsgdConfig().target_eps)
     return DpsgdConfig(
         method=args.method, dataset=args.dataset, data_dir=args.data_dir,
-        max_records=args.max_records, target_eps=target, sigma=args.sigma,
+        max_records=args.max_records, target_eps=target, sigma=sigma,
         delta=args.delta, conversion=args.conversion, batch_size=args.batch_size,
         epochs=args.epochs, learning_rate=args.learning_rate, momentum=args.momentum,
         lr_milestones=tuple(args.lr_milestones), lr_decay=args.lr_decay,

@@ -21,13 +21,14 @@ import argparse
 import pathlib
 import sys
 
+from dclens.cli import common_flags
 from dclens.common import tf_env
-from dclens.dpsgd.cli import add_config_arguments
+from dclens.cli.dpsgd_flags import add_config_arguments
 from dclens.dpsgd.sweep import GRID_SETTINGS
 from dclens import data
 from dclens.runs import rundir
 from dclens.runs.checkpoint import CheckpointError
-from dclens.dpsgd.cli import config_from_args
+from dclens.cli.dpsgd_flags import config_from_args
 from dclens.dpsgd.config import DpsgdConfigError
 from dclens.dpsgd.sweep import SweepError, expand, parse_grid, run_sweep
 from dclens.runs.journal import JournalError
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"values of one setting (repeatable; the grid is every "
                              f"combination); NAME is one of {', '.join(sorted(GRID_SETTINGS))}")
     add_config_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    common_flags.add_quiet(parser, "no progress lines")
     return parser
 
 

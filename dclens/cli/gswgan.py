@@ -30,7 +30,7 @@ import argparse
 import dataclasses
 import sys
 
-from dclens.cli import interrupted
+from dclens.cli import common_flags, interrupted
 from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens.gswgan.accounting import Accounting, CriticUpdates
@@ -65,16 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gswgan.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
-    parser.add_argument("--run_dir", required=True,
-                        help="run directory (resumed if it holds this run)")
-    parser.add_argument("--restart", action="store_true",
-                        help="set an existing run aside and start over")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
+    common_flags.add_run_dir(parser)
+    common_flags.add_quiet(parser)
     defaults = GswganConfig()
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--target_eps", type=float,
-                        help=f"epsilon to calibrate sigma to [default: {defaults.target_eps}]")
-    budget.add_argument("--sigma", type=float, help="the noise multiplier, as given")
+    common_flags.add_budget(parser, default_eps=defaults.target_eps)
     choices = {"accounting": [a.value for a in Accounting],
                "critic_updates": [c.value for c in CriticUpdates],
                "conversion": [c.value for c in Conversion],
@@ -97,8 +91,8 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
     args = parser.parse_args(argv)
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GswganConfig)}
-    if args.sigma is None and args.target_eps is None:
-        values["target_eps"] = GswganConfig().target_eps
+    values["target_eps"], values["sigma"] = common_flags.budget_from_args(
+        args, default_eps=GswganConfig().target_eps)
     try:
         config = GswganConfig(**values)
     except GswganConfigError as error:

@@ -16,6 +16,8 @@ Flags of the authors' main.py that dclens does not implement are refused by name
 from __future__ import annotations
 
 import argparse
+from typing import Callable
+import enum
 import os
 import sys
 
@@ -28,7 +30,7 @@ from dclens.datalens import outputs, run
 from dclens.runs.checkpoint import CheckpointError
 from dclens.runs.journal import JournalError
 from dclens.datalens.sharded import ShardError
-from dclens.datalens.teachers import BankSpaceError
+from dclens.datalens.teacher_bank import BankSpaceError
 
 # The authors' main.py defaults (their flag definitions), for --preset authors.
 AUTHORS_DEFAULTS = dict(epoch=1000, batch_size=30, learning_rate=1e-3, beta1=0.5, z_dim=100,
@@ -179,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
         "sets TF_ENABLE_ONEDNN_OPTS=1 and TF_CPP_MIN_LOG_LEVEL=3 unless you set them "
         "(dclens/common/tf_env.py).", allow_abbrev=False)
     add = parser.add_argument
+    _add_data_and_run_flags(add)
+    _add_training_flags(add)
+    _add_dclens_flags(add)
+    for name in BOOLEAN_FLAGS:
+        add(f"--{name}", nargs="?", const=True, default=None, type=_parse_bool,
+            metavar="BOOL", help=BOOLEAN_HELP[name])
+        add(f"--no{name}", dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
+    for action in parser._actions:                     # pylint: disable=protected-access
+        flag = action.dest
+        if action.help not in (None, argparse.SUPPRESS) and action.option_strings:
+            action.help += _default_note(flag)
+    for name in UNSUPPORTED_AUTHORS_FLAGS:
+        add(f"--{name}", dest=f"unsupported_{name}", nargs="?", const=True, default=None,
+            help=argparse.SUPPRESS)
+        add(f"--no{name}", dest=f"unsupported_{name}", action="store_const", const=False,
+            help=argparse.SUPPRESS)
+    return parser
+
+
+
+
+def _add_data_and_run_flags(add: Callable[..., argparse.Action]) -> None:
+    """The preset, the data and the run directory."""
     add("--preset", help="demo | authors | " + " | ".join(cfg.PAPER_PRESET_NAMES) +
         " [default: demo without --dataset, else authors]")
     add("--dataset", help="mnist, fashion_mnist, celebA-gender-<split>, celebA-hair-<split>; "
@@ -188,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--checkpoint_dir", "--run_dir", dest="checkpoint_dir",
         help="the run directory (--run_dir, the name every other dclens tool uses, is the "
              "same flag; default: runs/demo for the demo, checkpoint otherwise)")
+
+
+def _add_training_flags(add: Callable[..., argparse.Action]) -> None:
+    """The authors' training, TopAgg and budget flags (their names are the contract)."""
     add("--epoch", type=int, help="maximum epochs (passes over the partitions)")
     add("--batch_size", type=int, help="batch size (cut to the partition size)")
     add("--batch_teachers", type=int, help="teachers per batch (teachers = batch_teachers x "
@@ -208,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--orders", type=int, help="RDP orders 1.1, 2, ..., orders-1 (classic conversion)")
     add("--conversion", choices=[c.value for c in Conversion],
         help="RDP -> (eps, delta) conversion for the budget and reports")
+
+
+def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
+    """dclens' own flags: seeds, execution, aggregations, sharding, checkpoints."""
     add("--seed", type=int, help="fix every random draw, DP noise included (runs with a "
         "fixed seed must not be published as private); default: OS entropy")
     add("--partition_seed", type=int, help="seed of the partition into teachers")
@@ -249,20 +282,6 @@ def build_parser() -> argparse.ArgumentParser:
         "start one with `ray start --head`) [default: a local Ray cluster]")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (one is also written at the end) [default: 10]")
-    for name in BOOLEAN_FLAGS:
-        add(f"--{name}", nargs="?", const=True, default=None, type=_parse_bool,
-            metavar="BOOL", help=BOOLEAN_HELP[name])
-        add(f"--no{name}", dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
-    for action in parser._actions:                     # pylint: disable=protected-access
-        flag = action.dest
-        if action.help not in (None, argparse.SUPPRESS) and action.option_strings:
-            action.help += _default_note(flag)
-    for name in UNSUPPORTED_AUTHORS_FLAGS:
-        add(f"--{name}", dest=f"unsupported_{name}", nargs="?", const=True, default=None,
-            help=argparse.SUPPRESS)
-        add(f"--no{name}", dest=f"unsupported_{name}", action="store_const", const=False,
-            help=argparse.SUPPRESS)
-    return parser
 
 
 def _choose_preset(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig]:
@@ -282,6 +301,29 @@ def _choose_preset(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig]:
     return name, cfg.preset(name)
 
 
+#: Flags whose value goes into one config field as given (an enum field takes the value's
+#: member); ``aggregation`` is not among them (it interacts with the authors' booleans).
+DIRECT_FLAGS = {flag: field for flag, field in FLAG_FIELDS.items() if flag != "aggregation"}
+DIRECT_FLAGS.update({"data_dir": "train.data_dir", "seed": "train.seed",
+                     "max_records": "train.max_records"})
+
+
+def _direct_flags(args: argparse.Namespace, base: cfg.DataLensConfig) -> dict[str, dict]:
+    """{section: {field: value}} of every :data:`DIRECT_FLAGS` flag given."""
+    sections: dict[str, dict] = {"train": {}, "topagg": {}, "budget": {}}
+    if args.dataset is not None:
+        sections["train"]["dataset"] = args.dataset
+    for flag, dotted in DIRECT_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        section, name = dotted.split(".")
+        current = getattr(getattr(base, section), name)
+        sections[section][name] = (type(current)(value) if isinstance(current, enum.Enum)
+                                   else value)
+    return sections
+
+
 def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, str]:
     """Flags -> (preset name, config, train?, output dir).  Raises CliError/ConfigError."""
     for name, why in UNSUPPORTED_AUTHORS_FLAGS.items():
@@ -296,23 +338,8 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
               "training split), as in the authors' commands")
         args.dataset = "celebA-gender-train"
     preset_name, base = _choose_preset(args)
-    train, topagg, budget = {}, {}, {}
-    if args.dataset is not None:
-        train["dataset"] = args.dataset
-    mapping = {"data_dir": "data_dir", "epoch": "epochs", "batch_size": "batch_size",
-               "d_step": "d_step", "g_step": "g_step", "pretrain_teacher": "pretrain_teacher",
-               "z_dim": "z_dim", "learning_rate": "learning_rate", "beta1": "beta1",
-               "seed": "seed", "partition_seed": "partition_seed",
-               "teacher_chunk": "teacher_chunk", "num_samples": "num_samples",
-               "max_records": "max_records", "shuffle": "balanced_partition",
-               "non_private": "non_private", "signsgd_dept": "data_dependent_analysis"}
-    for flag, field in mapping.items():
-        if getattr(args, flag) is not None:
-            train[field] = getattr(args, flag)
-    if args.conv_path is not None:
-        train["conv_path"] = cfg.ConvPath(args.conv_path)
-    if args.fake_rendering is not None:
-        train["fake_rendering"] = cfg.FakeRendering(args.fake_rendering)
+    sections = _direct_flags(args, base)
+    train, topagg, budget = sections["train"], sections["topagg"], sections["budget"]
     if args.batch_teachers is not None or args.teachers_batch is not None:
         per_batch = args.batch_teachers if args.batch_teachers is not None else 1
         batches = args.teachers_batch if args.teachers_batch is not None else 1
@@ -320,9 +347,6 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
             raise CliError(f"--batch_teachers and --teachers_batch must be >= 1, got "
                            f"{per_batch} and {batches}")
         train["num_teachers"] = per_batch * batches
-    for flag in ("topk", "sigma", "thresh", "max_grad"):
-        if getattr(args, flag) is not None:
-            topagg[flag] = getattr(args, flag)
     if args.signsgd is False:
         raise CliError("--nosignsgd: dclens implements only the paper's top-k sign voting "
                        "(--signsgd, with --stochastic for the stochastic sign)")
@@ -346,10 +370,6 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
         topagg["method"] = cfg.Aggregation.KLEVEL
     elif args.sketchsgd:
         topagg["method"] = cfg.Aggregation.FETCHSGD
-    if args.sketch_accounting is not None:
-        topagg["sketch_accounting"] = cfg.SketchAccounting(args.sketch_accounting)
-    if args.klevel is not None:
-        topagg["klevel"] = args.klevel
     if args.klevel_rotation:
         topagg["klevel_rotation"] = True
     if args.save_raw_votes:
@@ -358,14 +378,6 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
         train["save_votes"] = cfg.SaveVotes.UPDATES
     if args.max_grad is not None and args.max_grad <= 0:
         raise CliError(f"--max_grad must be > 0 (the paper uses 1e-5), got {args.max_grad!r}")
-    if args.max_eps is not None:
-        budget["max_eps"] = args.max_eps
-    if args.delta is not None:
-        budget["delta"] = args.delta
-    if args.orders is not None:
-        budget["max_order"] = args.orders
-    if args.conversion is not None:
-        budget["conversion"] = Conversion(args.conversion)
     config = base.replace(train=train, topagg=topagg, budget=budget)
     do_train = args.train if args.train is not None else preset_name == "demo"
     output_dir = args.checkpoint_dir or ("runs/demo" if preset_name == "demo" else "checkpoint")

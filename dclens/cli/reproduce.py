@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 
+from dclens.cli import common_flags
 from dclens.datalens import config as cfg
 from dclens.common import tf_env  # noqa: E402
 
@@ -53,10 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--train_epochs", type=int, help="cap DataLens training at N epochs (NOT the paper "
         "config)")
     add("--num_samples", type=int, help="synthetic samples (paper: 100000)")
-    add("--max_records", type=int, help="train DataLens on the first N records only")
-    add("--seed", type=int, help="fix every random draw of training (DP noise included: the "
-        "outputs must not be published as private); default OS entropy")
-    add("--data_dir", help="data root (default: the dataset's default location)")
+    common_flags.add_data(parser, what=" for DataLens")
+    common_flags.add_seed(parser, "fix every random draw of training (DP noise included: the "
+                          "outputs must not be published as private); default OS entropy")
     add("--teacher_chunk", type=int, help="teachers processed together (memory only)")
     add("--checkpoint_every", type=int, default=10, help="generator steps between "
         "checkpoints (default 10; a 4000-teacher checkpoint is ~27 GB, so paper-scale runs "
@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         "option: teacher_labels renders each teacher's fake batch from its own labels, as "
         "the authors (about 2x slower at the paper config) [default: class_grid]")
     add("--out", help="report directory (default results/<name>)")
-    add("--run_dir", help="training run directory (default runs/reproduce/<name>)")
+    common_flags.add_run_dir(parser, required=False, restart=False,
+                             help_text="training run directory (default "
+                                       "runs/reproduce/<name>)")
     add("--skip_train", action="store_true", help="evaluate the finished run in --run_dir "
         "again instead of training")
     add("--no_reference", action="store_true", help="skip the real-data reference row")
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run's sample quality (domain-classifier IS, FID, label agreement) as its "
         "evaluation did and write it into the report in --out (accuracies kept; no "
         "training): for reports older than a measure")
-    add("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    common_flags.add_quiet(parser, "no progress bar or per-epoch lines")
     add_eval_arguments(parser)
     return parser
 

@@ -29,6 +29,7 @@ import dataclasses
 import os
 import sys
 
+from dclens.cli import common_flags
 from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
@@ -56,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sum, so the rows can differ (NOT epsilon = 1; the table says so)")
     add("--train_epochs", type=int, help="cap every row's training at N epochs")
     add("--num_samples", type=int, help="synthetic samples per row (paper: 100000)")
-    add("--max_records", type=int, help="train on the first N records only")
-    add("--data_dir")
+    common_flags.add_data(parser)
     add("--teacher_chunk", type=int)
     add("--checkpoint_every", type=int, default=10)
     add("--out", help="table directory (default results/tables/<table>-<dataset>[-scale])")
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "other rows are read back if finished, else left 'not run'")
     add("--render", action="store_true", help="train nothing: write table.md from the "
         "finished rows, the others marked 'not run'")
-    add("--quiet", action="store_true")
+    common_flags.add_quiet(parser)
     add_eval_arguments(parser)
     return parser
 

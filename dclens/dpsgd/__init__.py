@@ -7,7 +7,7 @@ the aggregation and its ``dp_accounting`` event; :mod:`dclens.dpsgd.gep`: Gradie
 :mod:`dclens.dpsgd.models`: the classifiers; :mod:`dclens.dpsgd.config`: a run's settings;
 :mod:`dclens.dpsgd.train`: the loop (Poisson batches, write-ahead journal of a
 :class:`dclens.privacy.sampled_ledger.SampledGaussianLedger`, checkpoints, resume), behind
-``scripts/dpsgd.py`` (its flags: :mod:`dclens.dpsgd.cli`); :mod:`dclens.dpsgd.sweep`: a grid
+``scripts/dpsgd.py`` (its flags: :mod:`dclens.cli.dpsgd_flags`); :mod:`dclens.dpsgd.sweep`: a grid
 of settings chosen on validation (``scripts/dpsgd_sweep.py``); :mod:`dclens.dpsgd.report`:
 the results table from the published reports (``scripts/dpsgd_report.py``).
 """

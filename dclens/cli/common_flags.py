@@ -1,0 +1,65 @@
+"""Flags every dclens tool spells the same way, defined once.
+
+* the run directory: ``--run_dir`` (``main.py`` also takes the authors' ``--checkpoint_dir``)
+  and ``--restart``, which sets an existing run aside (renamed, never deleted);
+* ``--quiet``: no progress bars or log lines;
+* the data: ``--data_dir``, ``--max_records``;
+* ``--seed``: fixes every draw, DP noise included, so a seeded run is not for publication;
+* a private trainer's budget: ``--target_eps`` (sigma calibrated to it) or ``--sigma``
+  (taken as given), never both.
+
+Booleans are ``store_true`` switches (``--quiet``, ``--restart``); ``main.py`` keeps the
+authors' ``--flag`` / ``--noflag`` style for their flags, which is its contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+SEED_HELP = "fix every random draw, DP noise included (NOT for publication)"
+
+
+def add_run_dir(parser: argparse.ArgumentParser, *, required: bool = True,
+                help_text: str = "run directory (resumed if it holds this run)",
+                restart: bool = True) -> None:
+    """``--run_dir`` and, for tools that resume, ``--restart``."""
+    parser.add_argument("--run_dir", required=required, help=help_text)
+    if restart:
+        parser.add_argument("--restart", action="store_true",
+                            help="set an existing run aside (renamed, never deleted) and "
+                                 "start over")
+
+
+def add_quiet(parser: argparse.ArgumentParser,
+              help_text: str = "no progress bars or log lines") -> None:
+    parser.add_argument("--quiet", action="store_true", help=help_text)
+
+
+def add_data(parser: argparse.ArgumentParser, *, what: str = "") -> None:
+    """``--data_dir`` and ``--max_records`` (``what``: whose records, for the help)."""
+    parser.add_argument("--data_dir", help="data root (default: the dataset's default "
+                                           "location)")
+    parser.add_argument("--max_records", type=int,
+                        help=f"use the first N training records{what} only")
+
+
+def add_seed(parser: argparse.ArgumentParser, help_text: str = SEED_HELP) -> None:
+    parser.add_argument("--seed", type=int, help=help_text)
+
+
+def add_budget(parser: argparse.ArgumentParser, *, default_eps: float) -> None:
+    """``--target_eps`` or ``--sigma``, mutually exclusive; neither: ``default_eps``
+    (:func:`budget_from_args`)."""
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--target_eps", type=float,
+                        help=f"epsilon to calibrate sigma to [default: {default_eps}]")
+    budget.add_argument("--sigma", type=float, help="the noise multiplier, as given")
+
+
+def budget_from_args(args: argparse.Namespace, *,
+                     default_eps: float) -> tuple[float | None, float | None]:
+    """(target_eps, sigma): ``--sigma`` alone means no budget to calibrate to; neither
+    flag means ``default_eps``."""
+    if args.sigma is not None:
+        return None, args.sigma
+    return (default_eps if args.target_eps is None else args.target_eps), None
