@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dclens.datalens import teacher_bank
 from dclens.datalens import bank_stream, networks, teachers
 from dclens import data
 from dclens.datalens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble, same_padding_taps
 from dclens.common.profiling import PhaseTimer
 from dclens.datalens.build import bank_location
-from dclens.datalens.train import DataLens
+from dclens.datalens.train import DataLens, TeacherPlacement
 
 SHAPES = {
     "28x28x1": networks.ImageShape(28, 28, 1, 10),
@@ -35,7 +36,7 @@ def _pair(shape):
 
 def _bank(shape, n, seed=1, directory=None, resident_rows=0):
     layout = teachers.ParamLayout.for_shape(shape)
-    bank = teachers.TeacherBank.create(layout, n, seed=seed, directory=directory,
+    bank = teacher_bank.TeacherBank.create(layout, n, seed=seed, directory=directory,
                                        resident_rows=resident_rows)
     rng = np.random.default_rng(seed)   # non-trivial batch-norm parameters
     bank.assign("weights", bank.weights + rng.normal(0, 0.05, bank.weights.shape)
@@ -248,11 +249,11 @@ def test_chunk_stream_raises_write_errors():
 
 def test_disk_bank_refuses_a_disk_too_small(tmp_path, monkeypatch):
     layout = teachers.ParamLayout.for_shape(SHAPES["8x8x3"])
-    usage = teachers.shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(teachers.shutil, "disk_usage",
+    usage = teacher_bank.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(teacher_bank.shutil, "disk_usage",
                         lambda path: usage._replace(free=1000))
-    with pytest.raises(teachers.BankSpaceError, match="needs"):
-        teachers.TeacherBank.create(layout, 4, seed=0, directory=tmp_path)
+    with pytest.raises(teacher_bank.BankSpaceError, match="needs"):
+        teacher_bank.TeacherBank.create(layout, 4, seed=0, directory=tmp_path)
 
 
 def test_bank_location_by_budget():
@@ -273,8 +274,8 @@ def _tiny_lens(bank_dir=None, ensemble="fast", g_step=1, bank_ram_bytes=None) ->
                           z_dim=8, teacher_chunk=3, g_step=g_step),
         topagg=TopAggConfig(topk=50, sigma=5.0, thresh=0.2),
         budget=BudgetConfig(max_eps=1e6))
-    return DataLens(config, dataset, root_seed=5, bank_dir=bank_dir, ensemble=ensemble,
-                    bank_ram_bytes=bank_ram_bytes)
+    return DataLens(config, dataset, root_seed=5, placement=TeacherPlacement(
+        bank_dir=bank_dir, ensemble=ensemble, bank_ram_bytes=bank_ram_bytes))
 
 
 def test_disk_bank_run_equals_ram_bank_run(tmp_path):
@@ -282,12 +283,12 @@ def test_disk_bank_run_equals_ram_bank_run(tmp_path):
     layout = teachers.ParamLayout.for_shape(SHAPES["28x28x1"])
     ram = _tiny_lens()
     disk = _tiny_lens(bank_dir=str(tmp_path / "bank"),
-                      bank_ram_bytes=4 * teachers.bank_bytes(layout, 1))
+                      bank_ram_bytes=4 * teacher_bank.bank_bytes(layout, 1))
     assert disk.bank.resident_rows == 4
     for _ in range(2):
         a, b = ram.train_step(), disk.train_step()
         assert (a.teacher_loss, a.student_loss) == (b.teacher_loss, b.student_loss)
-    for name in teachers.TeacherBank.FILES:
+    for name in teacher_bank.TeacherBank.FILES:
         np.testing.assert_array_equal(getattr(ram.bank, name), getattr(disk.bank, name))
     phases = disk.timer.take()
     assert {"teacher_training", "image_gradients", "voting", "noise", "student_update",

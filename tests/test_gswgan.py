@@ -26,7 +26,7 @@ from conftest import load_script
 
 def _tiny_config(data_dir, **changes) -> GswganConfig:
     values = dict(data_dir=str(data_dir), num_discriminators=4, model_dim=2, batch_size=6,
-                  critic_iters=1, warm_iterations=1, iterations=6, warm_chunk=4,
+                  critic_iters=1, warm_iterations=1, iterations=6, warm_chunk=1,
                   checkpoint_every=3, log_every=2, num_samples=20, seed=3,
                   target_eps=None, sigma=1.0)
     values.update(changes)

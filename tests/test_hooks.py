@@ -182,7 +182,8 @@ class Observer:
 
 def test_observer_sees_every_round_with_its_votes():
     observer = Observer()
-    lens = DataLens(_config(g_step=2), _dataset(), root_seed=2, observer=observer)
+    lens = DataLens(_config(g_step=2), _dataset(), root_seed=2)
+    lens.observer = observer
     lens.train_step()
     assert [(s, r) for s, r, *_ in observer.rounds] == [(0, 0), (0, 1)]
     step, round_index, shape, vote_sum, update = observer.rounds[1]

@@ -10,13 +10,15 @@ import pytest
 import tensorflow as tf
 
 from conftest import synthetic_fashion_mnist
+from dclens.datalens import teacher_bank
 from dclens.datalens import networks, teachers
 from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, TopAggConfig,
                            TrainConfig)
 from dclens.common.profiling import PhaseTimer
 from dclens.common.rng import Stream
-from dclens.datalens.teacher_group import ClassGridFakes, TeacherGroup
-from dclens.datalens.train import DataLens
+from dclens.datalens.teacher_group import (BankPlacement, ClassGridFakes, GroupMembers,
+                                           TeacherGroup, VoteParts)
+from dclens.datalens.train import DataLens, TeacherPlacement
 
 TEACHERS, CHUNK = 8, 2
 
@@ -28,16 +30,19 @@ def _lens(stochastic: bool) -> DataLens:
         topagg=TopAggConfig(topk=40, sigma=5.0, thresh=0.2, max_grad=10.0, method=(
             Aggregation.TOPK_STOCHASTIC_SIGN if stochastic else Aggregation.TOPK_SIGN)),
         budget=BudgetConfig(max_eps=1e6))
-    return DataLens(config, synthetic_fashion_mnist(80), root_seed=11, ensemble="reference")
+    return DataLens(config, synthetic_fashion_mnist(80), root_seed=11,
+                    placement=TeacherPlacement(ensemble="reference"))
 
 
 def _groups(lens: DataLens, bounds: list[int]) -> list[TeacherGroup]:
     layout = teachers.ParamLayout.for_shape(lens.shape)
-    return [TeacherGroup(lens.config, lens.images, lens.labels, lens.partitions[a:b],
-                         first=a, total=TEACHERS, bank_seed=lens.seeds.integer(Stream.TEACHER_INIT),
-                         ensemble=lens.ensemble, topagg=lens.topagg, draws=lens.draws,
-                         one_hot=lens.one_hot, layout=layout, bank_dir=None,
-                         resident_rows=0, timer=PhaseTimer(), overlap_io=False)
+    parts = VoteParts(ensemble=lens.ensemble, topagg=lens.topagg, draws=lens.draws,
+                      one_hot=lens.one_hot, layout=layout)
+    bank = BankPlacement(lens.seeds.integer(Stream.TEACHER_INIT), overlap_io=False)
+    return [TeacherGroup(lens.config, GroupMembers(lens.images, lens.labels,
+                                                   lens.partitions[a:b], first=a,
+                                                   total=TEACHERS),
+                         parts, bank, PhaseTimer())
             for a, b in zip(bounds, bounds[1:])]
 
 
@@ -80,13 +85,13 @@ def test_groups_split_at_chunk_boundaries_sum_to_the_whole_run(stochastic):
 
 def test_a_sub_range_bank_is_initialised_as_those_rows_of_the_whole_bank():
     layout = teachers.ParamLayout.for_shape(networks.ImageShape(28, 28, 1, 10))
-    whole = teachers.TeacherBank.create(layout, 10, seed=4, init_chunk=3)
+    whole = teacher_bank.TeacherBank.create(layout, 10, seed=4, init_chunk=3)
     for first, stop in ((0, 4), (4, 10), (2, 7), (9, 10)):
-        part = teachers.TeacherBank.create(layout, stop - first, seed=4, init_chunk=3,
+        part = teacher_bank.TeacherBank.create(layout, stop - first, seed=4, init_chunk=3,
                                            first_teacher=first, total_teachers=10)
         np.testing.assert_array_equal(part.weights, whole.weights[first:stop])
     with pytest.raises(ValueError, match=r"teachers \[8, 12\) are not within a run of 10"):
-        teachers.TeacherBank.create(layout, 4, seed=4, first_teacher=8, total_teachers=10)
+        teacher_bank.TeacherBank.create(layout, 4, seed=4, first_teacher=8, total_teachers=10)
 
 
 @pytest.mark.parametrize("teachers_, shards, chunk", [(8, 2, 2), (8, 3, 2), (4000, 7, 250),

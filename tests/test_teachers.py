@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dclens.datalens import teacher_bank
 from dclens.datalens import networks, teachers
 
 SHAPES = {
@@ -37,7 +38,7 @@ def _random_batch(rng, shape, teachers_count, batch):
 
 def _bank(shape, n, seed=1):
     layout = teachers.ParamLayout.for_shape(shape)
-    bank = teachers.TeacherBank.create(layout, n, seed=seed)
+    bank = teacher_bank.TeacherBank.create(layout, n, seed=seed)
     # Non-trivial BN parameters so that gamma/beta are exercised too.
     rng = np.random.default_rng(seed)
     bank.weights[:] += rng.normal(0, 0.05, bank.weights.shape).astype(np.float32)
@@ -155,8 +156,8 @@ def test_bank_initialisation_distinct_and_seeded(tmp_path):
     shape = SHAPES["28x28x1"]
     layout = teachers.ParamLayout.for_shape(shape)
     assert layout.size == 555_655  # ~555k parameters per 28x28 teacher (docs/design.md)
-    bank = teachers.TeacherBank.create(layout, 4, seed=7, directory=tmp_path)
-    again = teachers.TeacherBank.create(layout, 4, seed=7)
+    bank = teacher_bank.TeacherBank.create(layout, 4, seed=7, directory=tmp_path)
+    again = teacher_bank.TeacherBank.create(layout, 4, seed=7)
     np.testing.assert_array_equal(bank.weights, again.weights)
     assert not np.array_equal(bank.weights[0], bank.weights[1])
     params = layout.split(tf.constant(bank.weights))

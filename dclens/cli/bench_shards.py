@@ -36,6 +36,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from dclens.datalens import teacher_bank
 from dclens.common import machine  # noqa: E402
 from dclens.common import tf_env
 
@@ -52,7 +53,7 @@ from dclens.datalens import sharded  # noqa: E402
 from dclens.datalens.sharded import ShardOptions  # noqa: E402
 from dclens.datalens.shards import plan_shards  # noqa: E402
 from dclens.datalens.build import image_shape_of  # noqa: E402
-from dclens.datalens.train import DataLens  # noqa: E402
+from dclens.datalens.train import DataLens, TeacherPlacement  # noqa: E402
 from dclens.common import export
 
 CELEBA_TEACHERS, CELEBA_RECORDS = 6000, 162770
@@ -75,7 +76,8 @@ def time_sharded(config: DataLensConfig, shards: int, *, steps: int, warmup: int
     options = (None if shards == 0 else
                ShardOptions(shards, os.path.join(workdir, f"shards-{shards}")))
     started = time.perf_counter()
-    lens = DataLens(config, dataset, root_seed=0, launch_teachers=sharded.launcher(options))
+    lens = DataLens(config, dataset, root_seed=0, placement=TeacherPlacement(
+        launch_teachers=sharded.launcher(options)))
     setup = time.perf_counter() - started
     seconds, sent, received = [], [], []
     try:
@@ -136,7 +138,7 @@ def projection(per_teacher_seconds: float, driver_overhead: float,
         back = vote_bytes_per_step(batch, shape.dim, config.train.g_step, machines)
         network = (sent + back) * 8 / (network_gbps * 1e9)
         step = per_teacher_seconds * largest + driver_overhead + network
-        bank = teachers.bank_bytes(layout, largest) / 2**30
+        bank = teacher_bank.bank_bytes(layout, largest) / 2**30
         records = largest * partition * shape.dim * 4 / 2**30
         ram_tier = min(bank, MACHINE_RAM_GIB / 2)
         rows.append({

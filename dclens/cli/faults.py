@@ -100,7 +100,7 @@ def gswgan_argv(data_dir: str | None, out: str, *, seed: int = 3) -> list[str]:
     """The command line (scripts/gswgan.py) of the small GS-WGAN run of ``--method gswgan``."""
     argv = ["--run_dir", out, "--num_discriminators", "4", "--model_dim", "2",
             "--batch_size", "6", "--critic_iters", "1", "--warm_iterations", "1",
-            "--warm_chunk", "2", "--iterations", str(STEPS), "--sigma", "2.0",
+            "--warm_chunk", "1", "--iterations", str(STEPS), "--sigma", "2.0",
             "--checkpoint_every", "1", "--log_every", "1", "--num_samples", "40",
             "--seed", str(seed), "--max_records", str(RECORDS), "--quiet"]
     if data_dir is not None:

@@ -29,7 +29,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dclens.common.profiling import BACKGROUND_IO, PhaseTimer
-from dclens.datalens.teachers import TeacherBank, TeacherState
+from dclens.datalens.teacher_bank import TeacherBank
+from dclens.datalens.teachers import TeacherState
 
 
 @dataclasses.dataclass(frozen=True)

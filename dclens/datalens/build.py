@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from dclens.datalens import teacher_bank
 from dclens import data
 from dclens.datalens import networks, teachers, topagg
 from dclens.datalens.config import DataLensConfig
@@ -53,7 +54,7 @@ def bank_location(config: DataLensConfig, directory: str, *,
     spec = data.dataset_spec(config.train.dataset)
     layout = teachers.ParamLayout.for_shape(image_shape_of(spec))
     budget = default_bank_ram_bytes() if ram_budget is None else ram_budget
-    return None if teachers.bank_bytes(layout, config.train.num_teachers) <= budget \
+    return None if teacher_bank.bank_bytes(layout, config.train.num_teachers) <= budget \
         else directory
 
 
@@ -90,4 +91,4 @@ def resident_rows(shape: networks.ImageShape, bank_ram_bytes: int | None) -> int
     :func:`default_bank_ram_bytes`): the rows of a disk bank kept in RAM."""
     layout = teachers.ParamLayout.for_shape(shape)
     budget = default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes
-    return budget // teachers.bank_bytes(layout, 1)
+    return budget // teacher_bank.bank_bytes(layout, 1)

@@ -46,7 +46,7 @@ from dclens.datalens.outputs import (RAW_VOTES_MARKER, VoteWriter, class_grid,
                                      write_sample_outputs)
 from dclens.datalens.shards import plan_shards
 from dclens.datalens.step_log import LazySummaryWriter, log_step, new_progress_bar, on_off
-from dclens.datalens.train import BudgetExhausted, DataLens
+from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement
 from dclens.runs.journal import PrivacyJournal
 from dclens.runs.rundir import (Mode, RunDirError, RunPaths, create_run_files, open_journal,
                                 plan_run, restore_latest, root_seed as _saved_or_new_seed,
@@ -300,10 +300,9 @@ def _new_lens(config: DataLensConfig, dataset, plan, root_seed: int, *,
                                              backend=shard_backend, ray_address=ray_address)
         log(f"starting {shards} shard worker(s) ({shard_backend}"
             + (f", Ray at {ray_address}" if ray_address else "") + ")")
-    return DataLens(config, dataset, root_seed=root_seed,
-                    launch_teachers=(None if shard_options is None
-                                     else sharded.launcher(shard_options)),
-                    bank_dir=bank_location(config, plan.paths.bank))
+    return DataLens(config, dataset, root_seed=root_seed, placement=TeacherPlacement(
+        launch_teachers=None if shard_options is None else sharded.launcher(shard_options),
+        bank_dir=bank_location(config, plan.paths.bank)))
 
 
 def _check_shards(store: CheckpointStore, shards: int) -> None:

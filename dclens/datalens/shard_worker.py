@@ -6,6 +6,7 @@ worker process imports, and its stderr reaches the driver's console."""
 
 from __future__ import annotations
 
+from dclens.datalens import teacher_bank
 from dclens.common import tf_env
 
 tf_env.import_tensorflow_quietly()
@@ -24,7 +25,8 @@ from dclens.datalens import build, teachers  # noqa: E402
 from dclens.datalens.config import DataLensConfig  # noqa: E402
 from dclens.datalens.draws import KeyedSignDraws  # noqa: E402
 from dclens.datalens.shards import Shard  # noqa: E402
-from dclens.datalens.teacher_group import ClassGridFakes, TeacherGroup  # noqa: E402
+from dclens.datalens.teacher_group import (BankPlacement, ClassGridFakes,  # noqa: E402
+                                           GroupMembers, TeacherGroup, VoteParts)
 from dclens.runs.checkpoint import CheckpointStore  # noqa: E402
 from dclens.runs.rundir import BANK_FOLDER  # noqa: E402
 
@@ -70,19 +72,23 @@ class ShardWorker:
         layout = teachers.ParamLayout.for_shape(shape)
         budget = (build.default_bank_ram_bytes() if setup.bank_ram_bytes is None
                   else setup.bank_ram_bytes)
-        in_ram = teachers.bank_bytes(layout, setup.shard.count) <= budget
+        in_ram = teacher_bank.bank_bytes(layout, setup.shard.count) <= budget
         self.draws = KeyedSignDraws()
         self.timer = PhaseTimer()
         num_classes = shape.num_classes
         self.group = TeacherGroup(
-            config, images, labels, local, first=setup.shard.first, total=setup.total,
-            bank_seed=setup.bank_seed, ensemble=build.build_ensemble(config, shape,
-                                                                     setup.ensemble),
-            topagg=build.build_topagg(config, shape), draws=self.draws,
-            one_hot=lambda y: tf.one_hot(y, num_classes, dtype=tf.float32), layout=layout,
-            bank_dir=None if in_ram else os.path.join(setup.checkpoint_dir, BANK_FOLDER),
-            resident_rows=build.resident_rows(shape, setup.bank_ram_bytes),
-            timer=self.timer, overlap_io=True)
+            config, GroupMembers(images, labels, local, first=setup.shard.first,
+                                 total=setup.total),
+            VoteParts(ensemble=build.build_ensemble(config, shape, setup.ensemble),
+                      topagg=build.build_topagg(config, shape), draws=self.draws,
+                      one_hot=lambda y: tf.one_hot(y, num_classes, dtype=tf.float32),
+                      layout=layout),
+            BankPlacement(setup.bank_seed,
+                          directory=None if in_ram else os.path.join(setup.checkpoint_dir,
+                                                                     BANK_FOLDER),
+                          resident_rows=build.resident_rows(shape, setup.bank_ram_bytes),
+                          overlap_io=True),
+            self.timer)
         self.store = CheckpointStore(setup.checkpoint_dir, keep=2)
         self.store.remove_partial()
 

@@ -1,7 +1,7 @@
 """A contiguous group of a DataLens run's teachers: their data, bank and ensemble.
 
 Teachers [first, first + count) of a run of ``total`` teachers: their partitions (rows of
-the run's partition array), their weights and Adam state (:class:`dclens.datalens.teachers.
+the run's partition array), their weights and Adam state (:class:`dclens.datalens.teacher_bank.
 TeacherBank`, initialised exactly as those rows of the whole run's bank), and the two
 things the student loop asks of them:
 
@@ -19,11 +19,13 @@ sharded run needs; the group knows nothing of where it runs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
+from dclens.datalens import teacher_bank
 from dclens.datalens import teachers, topagg as topagg_lib
 from dclens.datalens.bank_stream import ChunkStream
 from dclens.datalens.config import DataLensConfig
@@ -49,39 +51,74 @@ class ClassGridFakes:
         return tf.gather_nd(self.grid, tf.stack([real_labels, position], axis=-1))
 
 
-class TeacherGroup:
-    """Teachers [first, first + count) of a run (module docstring).
+@dataclasses.dataclass(frozen=True)
+class GroupMembers:
+    """Which teachers a group holds and their records.
 
-    Args:
-      config: the run's configuration.
-      images, labels: the private training records (float32 NHWC, int64).
+    Attributes:
+      images, labels: the private training records (float32 NHWC, int64) the partitions
+        index into.
       partitions: this group's rows of the run's partition array, int [count, m].
       first, total: the group's first teacher and the run's number of teachers.
-      bank_seed: the run's teacher-initialisation seed.
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    partitions: np.ndarray
+    first: int
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VoteParts:
+    """The run's pieces every group shares: how a teacher trains and how it votes.
+
+    Attributes:
       ensemble: the teacher ensemble implementation (fast or reference).
       topagg: the run's :class:`dclens.datalens.topagg.TopAgg` (the vote rule).
       draws: the run's random draws (stochastic-sign uniforms).
       one_hot: labels -> float32 one-hot.
-      bank_dir, resident_rows: where the bank lives (None: RAM) and how many rows stay
-        in RAM.
-      timer, overlap_io: profiling and background I/O of the chunk stream.
+      layout: the teachers' parameter layout.
     """
 
-    def __init__(self, config: DataLensConfig, images: np.ndarray, labels: np.ndarray,
-                 partitions: np.ndarray, *, first: int, total: int, bank_seed: int,
-                 ensemble, topagg: topagg_lib.TopAgg, draws: Draws,
-                 one_hot: Callable[[tf.Tensor], tf.Tensor], layout: teachers.ParamLayout,
-                 bank_dir: str | None, resident_rows: int, timer: PhaseTimer,
-                 overlap_io: bool):
-        self.config, self.images, self.labels = config, images, labels
-        self.partitions = partitions
-        self.first, self.total = first, total
-        self.ensemble, self.topagg, self.draws, self.one_hot = ensemble, topagg, draws, one_hot
-        self.timer, self.overlap_io = timer, overlap_io
-        self.bank = teachers.TeacherBank.create(
-            layout, len(partitions), seed=bank_seed, directory=bank_dir,
-            resident_rows=resident_rows, first_teacher=first, total_teachers=total)
-        self.dim = int(np.prod(images.shape[1:]))
+    ensemble: object
+    topagg: topagg_lib.TopAgg
+    draws: Draws
+    one_hot: Callable[[tf.Tensor], tf.Tensor]
+    layout: teachers.ParamLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class BankPlacement:
+    """Where a group's bank lives: ``seed`` (the run's teacher-initialisation seed) decides
+    its bits; the rest only where they are kept (``directory`` None: RAM; with a
+    directory, ``resident_rows`` rows stay in RAM) and whether the chunk stream reads
+    ahead in a background thread (``overlap_io``)."""
+
+    seed: int
+    directory: str | None = None
+    resident_rows: int = 0
+    overlap_io: bool = True
+
+
+class TeacherGroup:
+    """Teachers [first, first + count) of a run (module docstring), with the run's
+    ``config``, their :class:`GroupMembers`, the shared :class:`VoteParts`, where their
+    bank lives (:class:`BankPlacement`) and the ``timer`` their phases add seconds to."""
+
+    def __init__(self, config: DataLensConfig, members: GroupMembers, parts: VoteParts,
+                 bank: BankPlacement, timer: PhaseTimer):
+        self.config, self.images, self.labels = config, members.images, members.labels
+        self.partitions = members.partitions
+        self.first, self.total = members.first, members.total
+        self.ensemble, self.topagg = parts.ensemble, parts.topagg
+        self.draws, self.one_hot = parts.draws, parts.one_hot
+        self.timer, self.overlap_io = timer, bank.overlap_io
+        self.bank = teacher_bank.TeacherBank.create(
+            parts.layout, len(members.partitions), seed=bank.seed, directory=bank.directory,
+            resident_rows=bank.resident_rows, first_teacher=members.first,
+            total_teachers=members.total)
+        self.dim = int(np.prod(members.images.shape[1:]))
 
     def _stream(self, *, with_adam: bool) -> ChunkStream:
         return ChunkStream(self.bank, self.config.train.teacher_chunk, with_adam=with_adam,

@@ -39,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dclens.datalens import teacher_bank
 from dclens.privacy import accounting, data_dependent
 from dclens import data
 from dclens.datalens import networks, teachers, topagg
@@ -49,10 +50,11 @@ from dclens.datalens.build import (build_ensemble, build_topagg, image_shape_of,
 from dclens.datalens.sample import generator_function, sample_generator
 from dclens.common.profiling import PhaseTimer
 from dclens.common.rng import SeedTree, Stream
-from dclens.datalens.teacher_group import ClassGridFakes, TeacherGroup
+from dclens.datalens.teacher_group import (BankPlacement, ClassGridFakes, GroupMembers,
+                                           TeacherGroup, VoteParts)
 
 class RoundObserver(Protocol):
-    """Told about every released TopAgg round (see ``DataLens(observer=...)``)."""
+    """Told about every released TopAgg round (set as ``DataLens.observer``)."""
 
     def round_released(self, step: int, round_index: int, images: tf.Tensor,
                        one_hot: tf.Tensor, vote_sum: tf.Tensor,
@@ -80,6 +82,31 @@ class StepRecord:
     epsilon_data_dependent_analysis: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class TeacherPlacement:
+    """Where and how a run's teachers are held and computed.  None of it changes a result:
+    every choice gives the same votes (the equality tests of tests/test_fast_paths.py,
+    tests/test_teacher_group.py and tests/test_sharded.py).
+
+    Attributes:
+      ensemble: ``"fast"`` (:class:`dclens.datalens.fast_ensemble.FastTeacherEnsemble`) or
+        ``"reference"`` (:class:`dclens.datalens.teachers.TeacherEnsemble`).
+      bank_dir: where the teacher bank's files live (None = RAM; see :func:`bank_location`).
+      bank_ram_bytes: with ``bank_dir``, the teachers that fit in this many bytes (default
+        :func:`default_bank_ram_bytes`) stay in RAM, the others stream from disk.
+      overlap_io: stream teacher state in a background thread (False: in line).
+      launch_teachers: ``launch_teachers(lens)`` returns teachers held elsewhere (shard
+        workers: :func:`dclens.datalens.sharded.launcher`) instead of a
+        :class:`TeacherGroup` in this process.
+    """
+
+    ensemble: str = "fast"
+    bank_dir: str | None = None
+    bank_ram_bytes: int | None = None
+    overlap_io: bool = True
+    launch_teachers: Callable[["DataLens"], object] | None = None
+
+
 class DataLens:
     """The state of a DataLens run: data partitions, teacher bank, student, ledger.
 
@@ -87,17 +114,9 @@ class DataLens:
       config: the run's hyper-parameters.
       dataset: the private training data.
       root_seed: the run's root seed (``config.train.seed`` or OS entropy).
-      bank_dir: where the teacher bank's files live (None = RAM; see :func:`bank_location`).
-      bank_ram_bytes: with ``bank_dir``, the teachers that fit in this many bytes (default
-        :func:`default_bank_ram_bytes`) stay in RAM, the others stream from disk.
-      ensemble: ``"fast"`` (:class:`dclens.datalens.fast_ensemble.FastTeacherEnsemble`) or
-        ``"reference"`` (:class:`dclens.datalens.teachers.TeacherEnsemble`); same results.
-      overlap_io: stream teacher state in a background thread (False: in line).
+      placement: where and how the teachers run (:class:`TeacherPlacement`; no effect on
+        the results).
       timer: where the seconds of each phase are added (a fresh one if None).
-      on_spend: called as ``on_spend(step, round, queries)`` right after a round's queries
-        are added to ``self.ledger`` and before its noise is drawn; it must make the spend
-        durable (the run's write-ahead :class:`dclens.runs.journal.PrivacyJournal`).  If it
-        raises, nothing is released.
       partitions: explicit teacher partitions, int [num_teachers, m] indices into
         ``dataset`` (e.g. another implementation's, for a side-by-side comparison); they
         must be disjoint (checked, :func:`dclens.data.check_partitions`).  None: the
@@ -105,29 +124,27 @@ class DataLens:
       draws: where every random draw of the loop comes from (:mod:`dclens.datalens.draws`); None:
         :class:`dclens.datalens.draws.SeededDraws` of ``root_seed``.  Anything else makes the DP
         noise known to its author: not private.
+
+    Attributes set after construction (None by default):
+      on_spend: called as ``on_spend(step, round, queries)`` right after a round's queries
+        are added to ``self.ledger`` and before its noise is drawn; it must make the spend
+        durable (the run's write-ahead :class:`dclens.runs.journal.PrivacyJournal`).  If it
+        raises, nothing is released.
       observer: told about every released round, after its release
         (:class:`RoundObserver`): images, labels, the summed votes and the result.
-      launch_teachers: ``launch_teachers(lens)`` returns teachers held elsewhere (shard
-        workers: :func:`dclens.datalens.sharded.launcher`) instead of a
-        :class:`TeacherGroup` in this process; same results bit for bit.
     """
 
     def __init__(self, config: DataLensConfig, dataset: data.LabeledImages, *,
-                 root_seed: int, bank_dir: str | None = None,
-                 bank_ram_bytes: int | None = None,
-                 on_spend: Callable[[int, int, int], None] | None = None,
-                 ensemble: str = "fast", overlap_io: bool = True,
-                 timer: PhaseTimer | None = None,
-                 partitions: np.ndarray | None = None,
-                 draws: Draws | None = None,
-                 observer: RoundObserver | None = None,
-                 launch_teachers: Callable[["DataLens"], object] | None = None):
+                 root_seed: int, placement: TeacherPlacement = TeacherPlacement(),
+                 timer: PhaseTimer | None = None, partitions: np.ndarray | None = None,
+                 draws: Draws | None = None):
         train_cfg = config.train
         self.timer = timer if timer is not None else PhaseTimer()
-        self.overlap_io = overlap_io
+        self.overlap_io = placement.overlap_io
         self.config = config
         self.root_seed = root_seed
-        self.on_spend = on_spend
+        self.on_spend: Callable[[int, int, int], None] | None = None
+        self.observer: RoundObserver | None = None
         self.noise_attempt = 0
         self.shape = image_shape_of(dataset.spec)
         if config.topagg.topk > self.shape.dim:
@@ -138,7 +155,6 @@ class DataLens:
         self.labels = dataset.labels
         self.seeds = SeedTree(root_seed)
         self.draws = draws if draws is not None else SeededDraws(self.seeds)
-        self.observer = observer
         if partitions is not None:
             self.partitions = data.check_partitions(partitions, num_records=len(dataset.labels),
                                                     num_teachers=train_cfg.num_teachers)
@@ -147,24 +163,28 @@ class DataLens:
         self.partition_size = self.partitions.shape[1]
         self.batch = min(train_cfg.batch_size, self.partition_size)
         self.steps_per_epoch = self.partition_size // self.batch
-        self.ensemble = build_ensemble(config, self.shape, ensemble)
+        self.ensemble = build_ensemble(config, self.shape, placement.ensemble)
         self.topagg = build_topagg(config, self.shape)
-        if launch_teachers is None:
+        if placement.launch_teachers is None:
             self.teachers = TeacherGroup(
-                config, self.images, self.labels, self.partitions, first=0,
-                total=train_cfg.num_teachers,
-                bank_seed=self.seeds.integer(Stream.TEACHER_INIT),
-                ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
-                one_hot=self.one_hot, layout=teachers.ParamLayout.for_shape(self.shape),
-                bank_dir=bank_dir, resident_rows=resident_rows(self.shape, bank_ram_bytes),
-                timer=self.timer, overlap_io=overlap_io)
+                config,
+                GroupMembers(self.images, self.labels, self.partitions, first=0,
+                             total=train_cfg.num_teachers),
+                VoteParts(ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
+                          one_hot=self.one_hot,
+                          layout=teachers.ParamLayout.for_shape(self.shape)),
+                BankPlacement(self.seeds.integer(Stream.TEACHER_INIT),
+                              directory=placement.bank_dir,
+                              resident_rows=resident_rows(self.shape, placement.bank_ram_bytes),
+                              overlap_io=placement.overlap_io),
+                self.timer)
         else:
             if partitions is not None or draws is not None:
                 raise ValueError("a sharded run takes its partitions and draws from the "
                                  "config and the root seed (each worker partitions its own "
                                  "node's data); explicit partitions or draws need the "
                                  "in-process teachers (no --shards)")
-            self.teachers = launch_teachers(self)
+            self.teachers = placement.launch_teachers(self)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT))
         self.student_optimizer = keras.optimizers.Adam(
@@ -246,7 +266,7 @@ class DataLens:
         return not isinstance(self.teachers, TeacherGroup)
 
     @property
-    def bank(self) -> teachers.TeacherBank:
+    def bank(self) -> teacher_bank.TeacherBank:
         """The teachers' weights and Adam state (all of them: one in-process group)."""
         if self.sharded:
             raise AttributeError("the teachers of a sharded run live in its shard workers; "

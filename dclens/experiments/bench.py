@@ -35,12 +35,13 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from dclens.datalens import teacher_bank
 from dclens import data
 from dclens.datalens import networks, teacher_conv, teachers
 from dclens.datalens.config import Aggregation, ConvPath, DataLensConfig, preset
 from dclens.common.profiling import BACKGROUND_IO, PHASES, PhaseTimer
 from dclens.datalens.build import default_bank_ram_bytes, image_shape_of, physical_memory_bytes
-from dclens.datalens.train import BudgetExhausted, DataLens
+from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement
 
 #: Phases whose work is proportional to the number of teachers.
 PER_TEACHER_PHASES = ("teacher_training", "image_gradients", "voting", "teacher_io",
@@ -240,7 +241,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
                           aggregation=aggregation)
     shape = image_shape_of(data.dataset_spec(config.train.dataset))
     layout = teachers.ParamLayout.for_shape(shape)
-    needed = teachers.bank_bytes(layout, measured)
+    needed = teacher_bank.bank_bytes(layout, measured)
     budget = default_bank_ram_bytes() if ram_budget is None else ram_budget
     on_disk = bank == "disk" or (bank == "auto" and needed > budget)
     result: dict[str, Any] = {"config": spec.name, "description": spec.description,
@@ -257,9 +258,10 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
                                     seed=0)
         timer = PhaseTimer()
         started = time.perf_counter()
-        lens = DataLens(config, dataset, root_seed=0, timer=timer, ensemble=ensemble,
-                        overlap_io=overlap_io, bank_dir=bank_dir if on_disk else None,
-                        bank_ram_bytes=bank_ram_bytes)
+        lens = DataLens(config, dataset, root_seed=0, timer=timer,
+                        placement=TeacherPlacement(ensemble=ensemble, overlap_io=overlap_io,
+                                                   bank_dir=bank_dir if on_disk else None,
+                                                   bank_ram_bytes=bank_ram_bytes))
         setup_seconds = time.perf_counter() - started
         records, budget_stop = [], False
         cpu_seconds = []
@@ -351,7 +353,7 @@ def extrapolate(phases: dict[str, float], step_seconds: float, *, measured: int,
     main_phases = [name for name in PHASES if name in out_phases]
     seconds = sum(out_phases[name] for name in main_phases) + out_phases.get("other", 0.0)
     out_phases["voting_noise"] = out_phases.get("voting", 0.0) + out_phases.get("noise", 0.0)
-    bank = teachers.bank_bytes(layout, target)
+    bank = teacher_bank.bank_bytes(layout, target)
     out = {"label": f"extrapolated linearly from {measured} measured teachers",
            "num_teachers": target, "seconds_per_step": seconds,
            "phases_seconds": out_phases, "per_teacher_seconds_measured": per_teacher,
@@ -369,6 +371,6 @@ def extrapolate(phases: dict[str, float], step_seconds: float, *, measured: int,
 def disk_status(directory: str, spec: BenchSpec) -> dict[str, Any]:
     """Whether ``spec``'s full bank fits on the disk holding ``directory``."""
     shape = image_shape_of(data.dataset_spec(preset(spec.preset).train.dataset))
-    needed = teachers.bank_bytes(teachers.ParamLayout.for_shape(shape), spec.num_teachers)
+    needed = teacher_bank.bank_bytes(teachers.ParamLayout.for_shape(shape), spec.num_teachers)
     free = shutil.disk_usage(directory).free
     return {"bank_gib": needed / GIB, "disk_free_gib": free / GIB, "fits_on_disk": needed < free}

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dclens import data
-from dclens.datalens.train import DataLens
+from dclens.datalens.train import DataLens, TeacherPlacement
 from dclens.parity import tf1_compat
 from dclens.parity.authors_side import run_authors, their_partitions
 from dclens.parity.compare import NORMALISED_AWAY, TOLERANCES, compare_step, format_row
@@ -85,8 +85,9 @@ def run_side_by_side(config: SideBySideConfig, authors_repo: str | os.PathLike, 
         draws = ReplayDraws([])
         observer = Observer(lens_ref, draws.steps)
         lens = DataLens(config.dclens_config(), dataset, root_seed=config.seed,
-                        partitions=partitions, draws=draws, observer=observer,
-                        ensemble="reference")
+                        placement=TeacherPlacement(ensemble="reference"),
+                        partitions=partitions, draws=draws)
+        lens.observer = observer
         lens_ref.append(lens)
         their_log = io.StringIO()
         log(f"side by side: {config.teachers} teachers x {config.records} records, "
