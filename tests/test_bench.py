@@ -28,7 +28,8 @@ def test_run_bench_times_the_named_aggregation(aggregation):
     FetchSGD's proven sensitivity spends the preset's epsilon = 1 before a second step, so
     without the lifted budget this run would stop with no timed step."""
     result = bench.run_bench(bench.SPECS["fmnist-200"], steps=1, warmup=1,
-                             measured_teachers=2, chunk=2, aggregation=aggregation)
+                             options=bench.BenchOptions(measured_teachers=2, chunk=2,
+                                                        aggregation=aggregation))
     assert result["aggregation"] == aggregation.value
     assert result["budget_eps"] == bench.LIFTED_BUDGET_EPS
     measured = result["measured"]

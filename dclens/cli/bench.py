@@ -87,13 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.perf_counter()
             try:
                 result = bench.run_bench(
-                    spec, steps=args.steps, warmup=args.warmup, measured_teachers=measured,
-                    chunk=args.chunk, bank=args.bank, bank_dir=args.bank_dir,
-                    ensemble=args.ensemble, overlap_io=not args.no_overlap,
-                    bank_ram_bytes=(None if args.bank_ram_gib is None
-                                    else int(args.bank_ram_gib * bench.GIB)),
-                    conv_path=args.conv_path, aggregation=aggregation,
-                    peak_gflops=None)
+                    spec, steps=args.steps, warmup=args.warmup, options=bench.BenchOptions(
+                        measured_teachers=measured, chunk=args.chunk, bank=args.bank,
+                        bank_dir=args.bank_dir, ensemble=args.ensemble,
+                        overlap_io=not args.no_overlap,
+                        bank_ram_bytes=(None if args.bank_ram_gib is None
+                                        else int(args.bank_ram_gib * bench.GIB)),
+                        conv_path=args.conv_path, aggregation=aggregation))
             except (OSError, RuntimeError, ValueError) as error:
                 result = {"config": name, "error": f"{type(error).__name__}: {error}"}
                 if aggregation is not None:

@@ -111,8 +111,8 @@ def celeba_shard(measured: int, steps: int, warmup: int, peak: float) -> dict[st
     spec = bench.BenchSpec("celeba-gender-shard-750", "celebA-gender-eps1",
                            CELEBA_TEACHERS // 8, CELEBA_RECORDS // CELEBA_TEACHERS,
                            "one of 8 shards of the paper's CelebA-Gender eps=1 run")
-    return bench.run_bench(spec, steps=steps, warmup=warmup, measured_teachers=measured,
-                           bank="disk", bank_ram_bytes=0, peak_gflops=peak)
+    return bench.run_bench(spec, steps=steps, warmup=warmup, options=bench.BenchOptions(
+        measured_teachers=measured, bank="disk", bank_ram_bytes=0, peak_gflops=peak))
 
 
 def projection(per_teacher_seconds: float, driver_overhead: float,

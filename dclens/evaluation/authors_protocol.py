@@ -298,48 +298,23 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
                                         .generate_state(3, np.uint32) >> 1)
     trainer = _Trainer(spec.image_shape, spec.num_classes, protocol, init_seed)
     rng = np.random.default_rng(order_seed)
-    real = protocol.real_rows
     state = _ResumeState(state_path, {
         "settings": protocol.to_dict(), "seed": seed, "literal": literal,
         "samples": samples_fingerprint(images, one_hot),
         "test": samples_fingerprint(test.images, test.labels)})
-    curves = {"epoch": [], "test_accuracy": [], "loss": [], "seconds": []}
-    resumed = state.load()
-    if resumed is not None:
-        meta, weights = resumed
-        for variable, value in zip(trainer.variables, weights):
-            variable.assign(value)
-        rng.bit_generator.state = meta["rng"]
-        curves = meta["curves"]
-        if log is not None:
-            log(f"authors protocol: resumed after epoch {meta['epoch']} from {state_path}")
+    curves = _resume(state, trainer, rng, state_path, log)
     if literal:
-        full_x = np.zeros((protocol.rows, *spec.image_shape), np.float32)
-        full_y = np.zeros((protocol.rows, spec.num_classes), np.float32)
-        full_x[:real], full_y[:real] = images, one_hot
+        run_epoch = _LiteralEpochs(trainer, images, one_hot, protocol, spec)
     else:
-        graph_images, graph_labels = trainer.tf.constant(images), trainer.tf.constant(one_hot)
+        run_epoch = _FastEpochs(trainer, images, one_hot)
     started = last_save = time.perf_counter()
     done_here = 0
     for epoch in range(len(curves["epoch"]) + 1, protocol.epochs + 1):
         if stop_after_epochs is not None and done_here >= stop_after_epochs:
             break
         epoch_started = time.perf_counter()
-        batches = _epoch_batches(rng.permutation(protocol.rows), protocol, epoch, mask_seed)
-        losses = []
-        if literal:
-            for rows, batch in batches:
-                is_real = rows < real
-                masks = trainer.masks(len(batch.rows), batch.seed)
-                full_masks = []
-                for mask in masks:
-                    whole = np.ones((len(rows), *mask.shape[1:]), np.float32)
-                    whole[is_real] = mask.numpy()
-                    full_masks.append(trainer.tf.constant(whole))
-                losses.append(trainer.step(full_x[rows], full_y[rows], full_masks, len(rows)))
-        elif batches:
-            losses = list(trainer.epoch(graph_images, graph_labels,
-                                        [batch for _, batch in batches]))
+        losses = run_epoch(_epoch_batches(rng.permutation(protocol.rows), protocol, epoch,
+                                          mask_seed))
         accuracy = classifiers.accuracy(trainer.model, test.images, test.labels)
         curves["epoch"].append(epoch)
         curves["test_accuracy"].append(accuracy)
@@ -356,12 +331,78 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
     finished = len(curves["epoch"]) == protocol.epochs
     if not finished and curves["epoch"]:
         state.save(curves["epoch"][-1], rng, curves, [v.numpy() for v in trainer.variables])
+    record = _record(protocol, curves, seed=seed, literal=literal, finished=finished,
+                     seconds_this_call=time.perf_counter() - started)
+    if return_weights:
+        record["weights"] = [v.numpy() for v in trainer.variables]
+    return record
+
+
+def _resume(state: "_ResumeState", trainer: "_Trainer", rng: np.random.Generator,
+            state_path, log: Callable[[str], None] | None) -> dict:
+    """The curves so far: the saved state's (its weights and batch order restored into
+    ``trainer`` and ``rng``), or empty ones."""
+    resumed = state.load()
+    if resumed is None:
+        return {"epoch": [], "test_accuracy": [], "loss": [], "seconds": []}
+    meta, weights = resumed
+    for variable, value in zip(trainer.variables, weights):
+        variable.assign(value)
+    rng.bit_generator.state = meta["rng"]
+    if log is not None:
+        log(f"authors protocol: resumed after epoch {meta['epoch']} from {state_path}")
+    return meta["curves"]
+
+
+class _FastEpochs:
+    """An epoch over the real rows only, in one graph (the zero rows' terms are zero)."""
+
+    def __init__(self, trainer: "_Trainer", images: np.ndarray, one_hot: np.ndarray):
+        self.trainer = trainer
+        self.images, self.labels = trainer.tf.constant(images), trainer.tf.constant(one_hot)
+
+    def __call__(self, batches) -> list:
+        if not batches:
+            return []
+        return list(self.trainer.epoch(self.images, self.labels,
+                                       [batch for _, batch in batches]))
+
+
+class _LiteralEpochs:
+    """An epoch as their script runs it: every batch of the zero-padded array, the zero
+    rows included, one step per call (the reference for :class:`_FastEpochs`)."""
+
+    def __init__(self, trainer: "_Trainer", images: np.ndarray, one_hot: np.ndarray,
+                 protocol: AuthorsProtocol, spec: data.DatasetSpec):
+        self.trainer, self.real = trainer, protocol.real_rows
+        self.full_x = np.zeros((protocol.rows, *spec.image_shape), np.float32)
+        self.full_y = np.zeros((protocol.rows, spec.num_classes), np.float32)
+        self.full_x[:self.real], self.full_y[:self.real] = images, one_hot
+
+    def __call__(self, batches) -> list:
+        losses = []
+        for rows, batch in batches:
+            is_real = rows < self.real
+            masks = self.trainer.masks(len(batch.rows), batch.seed)
+            full_masks = []
+            for mask in masks:
+                whole = np.ones((len(rows), *mask.shape[1:]), np.float32)
+                whole[is_real] = mask.numpy()
+                full_masks.append(self.trainer.tf.constant(whole))
+            losses.append(self.trainer.step(self.full_x[rows], self.full_y[rows], full_masks,
+                                            len(rows)))
+        return losses
+
+
+def _record(protocol: AuthorsProtocol, curves: dict, *, seed: int, literal: bool,
+            finished: bool, seconds_this_call: float) -> dict:
+    """The protocol's record: the best test accuracy over all epochs (their selection)."""
     best = int(np.argmax(curves["test_accuracy"])) if curves["test_accuracy"] else 0
-    record = {
+    return {
         "accuracy": curves["test_accuracy"][best] if curves["test_accuracy"] else None,
         "epoch": best + 1,
         "finished": finished,
-        "description": (f"the authors' script: the first {real} samples (range "
+        "description": (f"the authors' script: the first {protocol.real_rows} samples (range "
                         f"{protocol.range}) in a {protocol.rows}-row zero array, SGD lr "
                         f"{protocol.learning_rate:g}, batch {protocol.batch_size}, "
                         f"{protocol.epochs} epochs, best test accuracy over all epochs "
@@ -373,8 +414,5 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
         "curves": curves,
         # Wall time of the whole protocol, summed over every call that ran a part of it.
         "seconds": float(sum(curves["seconds"])),
-        "seconds_this_call": time.perf_counter() - started,
+        "seconds_this_call": seconds_this_call,
     }
-    if return_weights:
-        record["weights"] = [v.numpy() for v in trainer.variables]
-    return record

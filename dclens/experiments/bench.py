@@ -212,43 +212,59 @@ def _with_totals(phases: dict[str, float], seconds: float) -> dict[str, float]:
     return out
 
 
-def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
-              measured_teachers: int | None = None, chunk: int | None = None,
-              bank: str = "auto", bank_dir: str | None = None, ensemble: str = "fast",
-              overlap_io: bool = True, ram_budget: int | None = None,
-              bank_ram_bytes: int | None = None, conv_path: str = "auto",
-              aggregation: Aggregation | None = None,
-              peak_gflops: float | None = None) -> dict[str, Any]:
-    """Times ``steps`` generator steps of ``spec`` after ``warmup`` ones; see module doc.
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """How a benchmark runs a configuration (what it measures is the spec's).
 
-    Args:
+    Attributes:
       measured_teachers: teachers actually run (default: all of the spec's).
+      chunk: teachers per chunk (default: the preset's).
       bank: ``"ram"``, ``"disk"`` or ``"auto"`` (disk if the measured bank exceeds
         ``ram_budget``, default half the RAM).
       bank_dir: folder for a disk bank (default: a temporary folder, removed afterwards).
+      ensemble: ``"fast"`` or ``"reference"``.
+      overlap_io: stream a disk bank in a background thread.
+      ram_budget: the RAM a bank may take before ``"auto"`` puts it on disk.
       bank_ram_bytes: RAM tier of a disk bank (default: half the RAM; 0 = all on disk).
       conv_path: the teachers' path (``auto``, ``fused``, ``grouped``, ``per_teacher``).
       aggregation: the vote mechanism (default: the preset's, the paper's TopAgg).
       peak_gflops: the matmul peak measured in the same run, for the fraction of peak.
     """
+
+    measured_teachers: int | None = None
+    chunk: int | None = None
+    bank: str = "auto"
+    bank_dir: str | None = None
+    ensemble: str = "fast"
+    overlap_io: bool = True
+    ram_budget: int | None = None
+    bank_ram_bytes: int | None = None
+    conv_path: str = "auto"
+    aggregation: Aggregation | None = None
+    peak_gflops: float | None = None
+
+
+def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
+              options: BenchOptions = BenchOptions()) -> dict[str, Any]:
+    """Times ``steps`` generator steps of ``spec`` after ``warmup`` ones (see module doc)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
-    measured = measured_teachers or spec.num_teachers
+    measured = options.measured_teachers or spec.num_teachers
     if not 1 <= measured <= spec.num_teachers:
         raise ValueError(f"measured teachers must be in [1, {spec.num_teachers}], "
                          f"got {measured}")
-    config = bench_config(spec, measured_teachers=measured, chunk=chunk, conv_path=conv_path,
-                          aggregation=aggregation)
+    config = bench_config(spec, measured_teachers=measured, chunk=options.chunk,
+                          conv_path=options.conv_path, aggregation=options.aggregation)
     shape = image_shape_of(data.dataset_spec(config.train.dataset))
     layout = teachers.ParamLayout.for_shape(shape)
     needed = teacher_bank.bank_bytes(layout, measured)
-    budget = default_bank_ram_bytes() if ram_budget is None else ram_budget
-    on_disk = bank == "disk" or (bank == "auto" and needed > budget)
+    budget = default_bank_ram_bytes() if options.ram_budget is None else options.ram_budget
+    on_disk = options.bank == "disk" or (options.bank == "auto" and needed > budget)
     result: dict[str, Any] = {"config": spec.name, "description": spec.description,
                               "preset": spec.preset,
                               "aggregation": config.topagg.method.value,
                               "budget_eps": config.budget.max_eps}
-    temporary = None
+    bank_dir, temporary = options.bank_dir, None
     if on_disk and bank_dir is None:
         temporary = tempfile.TemporaryDirectory(prefix="dclens-bank-", dir=os.getcwd())
         bank_dir = temporary.name
@@ -259,45 +275,32 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
         timer = PhaseTimer()
         started = time.perf_counter()
         lens = DataLens(config, dataset, root_seed=0, timer=timer,
-                        placement=TeacherPlacement(ensemble=ensemble, overlap_io=overlap_io,
+                        placement=TeacherPlacement(ensemble=options.ensemble,
+                                                   overlap_io=options.overlap_io,
                                                    bank_dir=bank_dir if on_disk else None,
-                                                   bank_ram_bytes=bank_ram_bytes))
+                                                   bank_ram_bytes=options.bank_ram_bytes))
         setup_seconds = time.perf_counter() - started
-        records, budget_stop = [], False
-        cpu_seconds = []
-        for index in range(warmup + steps):
-            timer.take()
-            cpu_started = time.process_time()
-            try:
-                record = lens.train_step()
-            except BudgetExhausted:
-                budget_stop = True
-                break
-            phases = timer.take()
-            if index >= warmup:
-                records.append((record.seconds, phases))
-                cpu_seconds.append(time.process_time() - cpu_started)
-        if not records:
+        timed = _time_steps(lens, timer, warmup=warmup, steps=steps)
+        if not timed.seconds:
             raise RuntimeError(f"{spec.name}: the privacy budget allowed no timed step")
-        seconds = [s for s, _ in records]
-        step_seconds = statistics.median(seconds)
-        phases = _with_totals(_median_phases([p for _, p in records]), step_seconds)
+        step_seconds = statistics.median(timed.seconds)
+        phases = _with_totals(_median_phases(timed.phases), step_seconds)
         result["measured"] = {
             "num_teachers": measured, "teacher_chunk": config.train.teacher_chunk,
             "batch": lens.batch, "d_step": config.train.d_step, "g_step": config.train.g_step,
-            "ensemble": ensemble,
+            "ensemble": options.ensemble,
             **({"conv": teacher_conv.describe(lens.ensemble.conv_path)}
-               if ensemble == "fast" else {}),
+               if options.ensemble == "fast" else {}),
             "bank": "disk" if on_disk else "ram",
-            "bank_gib": needed / GIB, "io_overlapped": overlap_io,
+            "bank_gib": needed / GIB, "io_overlapped": options.overlap_io,
             "bank_resident_teachers": (lens.bank.resident_rows if on_disk else measured),
             "setup_seconds": setup_seconds, "warmup_steps": warmup,
-            "timed_steps": len(seconds), "stopped_by_budget": budget_stop,
-            "seconds_per_step_each": seconds, "seconds_per_step_median": step_seconds,
+            "timed_steps": len(timed.seconds), "stopped_by_budget": timed.budget_stop,
+            "seconds_per_step_each": timed.seconds, "seconds_per_step_median": step_seconds,
             # CPU seconds of all this process's threads; / (wall x cores) < 1 shows how
             # much of the machine other processes took (or how idle the cores were)
-            "cpu_seconds_per_step_median": statistics.median(cpu_seconds),
-            "cpu_share_of_machine": statistics.median(cpu_seconds)
+            "cpu_seconds_per_step_median": statistics.median(timed.cpu_seconds),
+            "cpu_share_of_machine": statistics.median(timed.cpu_seconds)
             / (step_seconds * (os.cpu_count() or 1)),
             "phases_median_seconds": phases,
             "teacher_train_steps_per_second":
@@ -305,17 +308,46 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
             "peak_rss_gib": peak_rss_bytes() / GIB,
         }
         result["measured"].update(_flop_rates(shape, config, lens.batch, measured,
-                                              step_seconds, phases, peak_gflops))
+                                              step_seconds, phases, options.peak_gflops))
         if measured != spec.num_teachers:
             result["extrapolated"] = extrapolate(
                 phases, step_seconds, measured=measured, target=spec.num_teachers,
                 layout=layout, shape=shape, config=config, batch=lens.batch,
-                peak_gflops=peak_gflops)
+                peak_gflops=options.peak_gflops)
         del lens
     finally:
         if temporary is not None:
             temporary.cleanup()
     return result
+
+
+@dataclasses.dataclass
+class _Timed:
+    """The timed steps of a benchmark: wall and CPU seconds and per-phase seconds each."""
+
+    seconds: list[float]
+    cpu_seconds: list[float]
+    phases: list[dict[str, float]]
+    budget_stop: bool
+
+
+def _time_steps(lens: DataLens, timer: PhaseTimer, *, warmup: int, steps: int) -> _Timed:
+    """``warmup`` untimed then ``steps`` timed generator steps (fewer if the budget ends)."""
+    timed = _Timed([], [], [], False)
+    for index in range(warmup + steps):
+        timer.take()
+        cpu_started = time.process_time()
+        try:
+            record = lens.train_step()
+        except BudgetExhausted:
+            timed.budget_stop = True
+            break
+        phases = timer.take()
+        if index >= warmup:
+            timed.seconds.append(record.seconds)
+            timed.phases.append(phases)
+            timed.cpu_seconds.append(time.process_time() - cpu_started)
+    return timed
 
 
 def _flop_rates(shape, config: DataLensConfig, batch: int, num_teachers: int,
