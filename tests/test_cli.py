@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pathlib
@@ -389,3 +390,26 @@ def test_run_dir_is_the_same_flag_as_checkpoint_dir():
     parser = cli.build_parser()
     assert parser.parse_args(["--run_dir", "runs/x"]).checkpoint_dir == "runs/x"
     assert parser.parse_args(["--checkpoint_dir", "runs/y"]).checkpoint_dir == "runs/y"
+
+
+# ------------------------------------------------------------ every tool: no abbreviations
+
+CLI_FOLDER = pathlib.Path(__file__).resolve().parents[1] / "dclens" / "cli"
+TOOLS_WITH_PARSERS = sorted(path.stem for path in CLI_FOLDER.glob("*.py")
+                            if "def build_parser" in path.read_text())
+
+
+@pytest.mark.parametrize("name", TOOLS_WITH_PARSERS)
+def test_no_tool_takes_an_abbreviated_flag(name):
+    """argparse's default would read ``--iter`` as ``--iterations``: a typo silently
+    becoming a setting.  Every tool refuses abbreviations."""
+    parser = importlib.import_module(f"dclens.cli.{name}").build_parser()
+    assert parser.allow_abbrev is False, f"scripts/{name}.py accepts abbreviated flags"
+
+
+def test_privacy_gswgan_refuses_an_abbreviated_flag(capsys):
+    privacy = load_script("privacy")
+    with pytest.raises(SystemExit) as stop:
+        privacy.main(["gswgan", "--target_eps", "10", "--iter", "2000"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --iter" in capsys.readouterr().err

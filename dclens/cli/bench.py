@@ -40,7 +40,7 @@ from dclens.datalens.config import Aggregation  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", choices=sorted(bench.SPECS),
                         help="configuration to run (repeatable; default fmnist-200)")

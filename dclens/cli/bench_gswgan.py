@@ -112,7 +112,7 @@ def bench_model_dim(model_dim: int, chunks: list[int], batch: int, repeats: int)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dim", type=int, nargs="+", default=[64, 16])
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch_size", type=int, default=32)

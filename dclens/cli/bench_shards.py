@@ -172,7 +172,8 @@ def _project(result: dict[str, Any], network_gbps: float) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench_shards.py", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False,
+                                     prog="bench_shards.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teachers", type=int, default=200, help="Part 1 teachers")
     parser.add_argument("--chunk", type=int, default=10, help="teachers per chunk")

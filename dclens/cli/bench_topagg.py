@@ -106,7 +106,7 @@ def bench_case(shape, topk, *, method, repeats, chunk):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk", type=int, default=500,
                         help="teachers per chunk (default 500; 4.4 GB inputs in 0.37 GB "

@@ -289,7 +289,7 @@ def run_trials(runs: int, *, seed: int, data_dir: str | None, workdir: str,
 
 def child(argv: list[str]) -> int:
     """Runs main.py in this process, SIGKILLing itself at ``--kill_at point:step``."""
-    parser = argparse.ArgumentParser(prog="faults.py child")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="faults.py child")
     parser.add_argument("--kill_at")
     parser.add_argument("--method", choices=METHODS, default="datalens")
     args, rest = parser.parse_known_args(argv)
@@ -323,7 +323,7 @@ def child(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="kill-and-resume trials")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--data_dir", help="data root with fashion_mnist/ (default: Debian's)")

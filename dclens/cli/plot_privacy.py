@@ -19,7 +19,8 @@ from dclens.common import export
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plot_privacy.py", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False,
+                                     prog="plot_privacy.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run directory (its privacy.json)")
     parser.add_argument("--out", help="PNG to write (default: <run_dir>/epsilon.png)")

@@ -36,7 +36,7 @@ from dclens.gswgan.config import GswganConfig, GswganConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(allow_abbrev=False,
         prog="privacy.py", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sigma", type=float,
@@ -117,7 +117,7 @@ def _describe(mode: str, result: dict[str, Any], args: argparse.Namespace) -> st
 def gswgan_main(argv: Sequence[str]) -> int:
     """``privacy.py gswgan ...``: GS-WGAN's sigma or epsilon under each accounting."""
 
-    parser = argparse.ArgumentParser(prog="privacy.py gswgan",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="privacy.py gswgan",
                                      description="GS-WGAN: sigma for a budget, or epsilon "
                                                  "for a sigma, under each accounting")
     mode = parser.add_mutually_exclusive_group(required=True)

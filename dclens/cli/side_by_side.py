@@ -33,7 +33,8 @@ DEFAULT_REPO = REPO_ROOT.parent / "shared" / "authors-datalens"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="side_by_side.py", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False,
+                                     prog="side_by_side.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors_repo", default=str(DEFAULT_REPO),
                         help="the authors' DataLens checkout (default: %(default)s)")

@@ -147,9 +147,7 @@ def _no_hook(point: str, step: int) -> None:
 class _Setup:
     """A run before its first step: its folder, keys, split, model and mechanism."""
 
-    paths: rundir.RunPaths
-    resuming: bool
-    root_seed: int
+    run: rundir.OpenedRun           # the run directory: paths, resuming?, root seed
     seeds: SeedTree
     dataset_source: str
     test: object                    # the real test set (measured, never used to choose)
@@ -193,9 +191,8 @@ def _set_up(config: DpsgdConfig, run_dir: str, *, restart: bool,
              "sigma_from": "given" if config.sigma is not None else
              f"calibrated to epsilon {config.target_eps} in {total_steps} steps",
              "parameters": model.num_params, "steps_per_epoch": steps_per_epoch}
-    return _Setup(opened.paths, opened.resuming, opened.root_seed, seeds, records.source,
-                  test, split, rate, total_steps, steps_per_epoch, sigma, model, mechanism,
-                  mechanism.event(rate), facts)
+    return _Setup(opened, seeds, records.source, test, split, rate, total_steps,
+                  steps_per_epoch, sigma, model, mechanism, mechanism.event(rate), facts)
 
 
 @dataclasses.dataclass
@@ -211,17 +208,17 @@ class _Progress:
 def _open_journal(config: DpsgdConfig, setup: _Setup, store: CheckpointStore,
                   log: Callable[[str], None]) -> _Progress:
     """A fresh run's files and empty ledger, or a resumed run's journal and checkpoint."""
-    paths = setup.paths
-    if not setup.resuming:
+    paths = setup.run.paths
+    if not setup.run.resuming:
         return _Progress(rundir.create_run_files(
-            paths, config.to_dict(), kind="dpsgd", root_seed=setup.root_seed,
+            paths, config.to_dict(), kind="dpsgd", root_seed=setup.run.root_seed,
             seeded=config.seed is not None,
             facts={"dataset_source": setup.dataset_source, **setup.facts},
             ledger=sampled_ledger.SampledGaussianLedger(delta=config.delta,
                                                         conversion=config.conversion)))
     journal = rundir.open_journal(paths, store.latest())
     restored = rundir.restore_latest(
-        store, journal, root_seed=setup.root_seed, seed_path=paths.seed,
+        store, journal, root_seed=setup.run.root_seed, seed_path=paths.seed,
         load=lambda checkpoint: setup.model.load(checkpoint.load_array))
     if restored.state:
         setup.model.load_chosen(restored.state.get("chosen_step"))
@@ -243,14 +240,14 @@ class _Training:
         self.journal, self.curves = opened.journal, opened.curves
         self.attempt = len(self.journal.lost)  # a resume that lost spends draws fresh noise
         self.eval_every = config.eval_every or setup.steps_per_epoch
-        self.writer = tf.summary.create_file_writer(setup.paths.logs)
+        self.writer = tf.summary.create_file_writer(setup.run.paths.logs)
         self.progress = progress
         self.bar = None
 
     def save_checkpoint(self, step: int, finished: bool) -> None:
         model = self.setup.model
         self.store.save(step, model.state_arrays(),
-                        {"root_seed": self.setup.root_seed, "curves": self.curves,
+                        {"root_seed": self.setup.run.root_seed, "curves": self.curves,
                          "journal_entries": len(self.journal.entries), "finished": finished,
                          "ledger": self.journal.ledger.state_dict(),
                          "chosen_step": model.chosen_step},
@@ -381,7 +378,7 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     """
     started = time.perf_counter()
     setup = _set_up(config, run_dir, restart=restart, log=log)
-    store = CheckpointStore(setup.paths.checkpoints)
+    store = CheckpointStore(setup.run.paths.checkpoints)
     opened = _open_journal(config, setup, store, log)
     log(f"{config.method.value}: {setup.n} private examples (+{config.held_out} held out, "
         f"used without privacy), q = {setup.rate:.5f}, {setup.total_steps} steps, sigma = "
@@ -390,16 +387,16 @@ def train_private_classifier(config: DpsgdConfig, run_dir: str, *, restart: bool
     training = _Training(config, setup, opened, store, progress=progress, hook=hook)
     stop_reason, finished_steps = training.run(opened.start, opened.already_finished)
     privacy = _privacy_record(config, setup, opened.journal, stop_reason)
-    export.write_json(setup.paths.privacy, privacy)
+    export.write_json(setup.run.paths.privacy, privacy)
     curves = training.curves
-    saved_step = _save_chosen_model(setup.model, curves, finished_steps, setup.paths.model)
+    saved_step = _save_chosen_model(setup.model, curves, finished_steps, setup.run.paths.model)
     report = {
         "method": config.method.value, "dataset": config.dataset,
         "accuracy": _accuracy_record(curves, saved_step),
         "privacy": privacy, "config": config.to_dict(), "curves": curves,
         "seconds_this_call": time.perf_counter() - started,
     }
-    export.write_json(setup.paths.report, report)
+    export.write_json(setup.run.paths.report, report)
     accuracy = report["accuracy"]
     log(f"{config.method.value}: test accuracy {accuracy['test_at_chosen']:.4f} at "
         f"step {accuracy['chosen_step']} (chosen on validation; final "

@@ -168,9 +168,7 @@ def noise_multiplier_for(config: GswganConfig) -> float:
 class _Setup:
     """A run before its first DP iteration: its folder, keys, records, shards and mechanism."""
 
-    paths: rundir.RunPaths
-    resuming: bool
-    root_seed: int
+    run: rundir.OpenedRun           # the run directory: paths, resuming?, root seed
     seeds: SeedTree
     records: data.LabeledImages
     num_classes: int
@@ -207,16 +205,15 @@ def _set_up(config: GswganConfig, run_dir: str, *, restart: bool,
              "accounting_description": config.accounting.description,
              "critic_updates": config.critic_updates.value,
              "critic_updates_description": config.critic_updates.description}
-    return _Setup(opened.paths, opened.resuming, opened.root_seed, seeds, records,
-                  num_classes, shards, sigma, event, proven, facts)
+    return _Setup(opened, seeds, records, num_classes, shards, sigma, event, proven, facts)
 
 
 def _open_journal(config: GswganConfig, setup: _Setup, store: CheckpointStore) -> PrivacyJournal:
     """A fresh run's files and empty ledger, or a resumed run's journal."""
-    if setup.resuming:
-        return rundir.open_journal(setup.paths, store.latest())
+    if setup.run.resuming:
+        return rundir.open_journal(setup.run.paths, store.latest())
     return rundir.create_run_files(
-        setup.paths, config.to_dict(), kind="gswgan", root_seed=setup.root_seed,
+        setup.run.paths, config.to_dict(), kind="gswgan", root_seed=setup.run.root_seed,
         seeded=config.seed is not None,
         facts={"dataset_source": setup.records.source, **setup.facts},
         ledger=gs_accounting.new_ledger(delta=config.delta, conversion=config.conversion))
@@ -248,7 +245,7 @@ class _DpPhase:
         self.journal, self.store, self.hook = journal, store, hook
         self.attempt = len(journal.lost)   # a resume that lost spends samples and noises anew
         self.curves: list[dict] = []
-        self.writer = tf.summary.create_file_writer(setup.paths.logs)
+        self.writer = tf.summary.create_file_writer(setup.run.paths.logs)
         # The curve's name says which accounting produced it and whether it is proven.
         self.epsilon_tag = (f"gswgan/epsilon_{config.accounting.value}_critic_"
                             f"{config.critic_updates.value}"
@@ -259,7 +256,7 @@ class _DpPhase:
     def save_checkpoint(self, iteration: int, finished: bool) -> None:
         self.bank.flush()
         self.store.save(iteration, self.nets.state_arrays(),
-                        {"root_seed": self.setup.root_seed, "curves": self.curves,
+                        {"root_seed": self.setup.run.root_seed, "curves": self.curves,
                          "journal_entries": len(self.journal.entries), "finished": finished},
                         before_commit=lambda: self.hook("checkpoint_before_commit", iteration))
 
@@ -367,7 +364,7 @@ def _privacy_record(config: GswganConfig, setup: _Setup, journal: PrivacyJournal
 
 def _release(config: GswganConfig, setup: _Setup, nets: DpNetworks, privacy: dict) -> None:
     """The samples (``samples.npz``) and their grid, from the EMA generator."""
-    paths, seeds, num_classes = setup.paths, setup.seeds, setup.num_classes
+    paths, seeds, num_classes = setup.run.paths, setup.seeds, setup.num_classes
     images, labels = sample(nets.average, config.num_samples, num_classes, config.z_dim,
                             seeds)
     export.write_samples_npz(paths.samples, images, labels)
@@ -392,7 +389,7 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
     """
     started = time.perf_counter()
     setup = _set_up(config, run_dir, restart=restart, log=log)
-    paths = setup.paths
+    paths = setup.run.paths
     nets = DpNetworks(config, setup.seeds, setup.num_classes, setup.sigma)
     store = CheckpointStore(paths.checkpoints)
     journal = _open_journal(config, setup, store)
@@ -401,9 +398,9 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
                       setup.seeds, setup.num_classes, paths.warm_start_progress, log=log,
                       bar_enabled=progress, hook=hook)
     start, curves, already_finished = 0, [], False
-    if setup.resuming:
+    if setup.run.resuming:
         restored = rundir.restore_latest(
-            store, journal, root_seed=setup.root_seed, seed_path=paths.seed,
+            store, journal, root_seed=setup.run.root_seed, seed_path=paths.seed,
             load=lambda checkpoint: nets.load(checkpoint.load_array))
         start, curves, already_finished = restored.start, restored.curves, restored.finished
         lost = restored.lost

@@ -251,7 +251,7 @@ class CheckpointStore:
         if free < needed:
             raise CheckpointSpaceError(
                 f"a checkpoint needs {needed / 2**30:.1f} GiB but {self.directory} has "
-                f"{free / 2**30:.1f} GiB free; free disk space or use a --checkpoint_dir on "
+                f"{free / 2**30:.1f} GiB free; free disk space or put the run directory on "
                 "a larger disk")
 
     def latest(self) -> Checkpoint | None:

@@ -1,4 +1,5 @@
-"""What a run directory (``--checkpoint_dir``) holds, and whether a new command may use it.
+"""What a run directory (``--run_dir``; main.py's ``--checkpoint_dir``) holds, and whether a
+new command may use it.
 
 Layout::
 
@@ -203,8 +204,8 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
                           "damaged: pass --restart to set it aside and start over") from error
 
 
-def plan_run(config, output_dir: str, *, differences_of, kind: str,
-             restart: bool = False, flag: str = "--checkpoint_dir",
+def plan_run(config, output_dir: str, *, differences_of, kind: str, flag: str,
+             restart: bool = False,
              privacy_relevant: frozenset[str] = frozenset(),
              offers_restart: bool = True) -> RunPlan:
     """Decides fresh / resume / refuse for ``output_dir``; reads only, creates nothing.
