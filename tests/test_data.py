@@ -122,7 +122,7 @@ def test_read_idx_detects_gzip_by_magic_not_name(tmp_path: Path) -> None:
     (b"\x00\x00\x08\x03\x00\x00", "truncated"),
     (idx_bytes(np.zeros((4, 5), np.uint8))[:-3], r"truncated.*\(4, 5\).*20 bytes.*17"),
     (idx_bytes(np.zeros(4, np.uint8)) + b"junk", "4 bytes of trailing garbage"),
-    (gzip.compress(idx_bytes(np.zeros(100, np.uint8)))[:-10], "cannot be decompressed"),
+    (gzip.compress(idx_bytes(np.zeros(100, np.uint8)), mtime=0)[:-10], "cannot be decompressed"),
 ])
 def test_read_idx_corrupt(tmp_path: Path, payload: bytes, pattern: str) -> None:
     path = tmp_path / "bad-idx"
