@@ -96,7 +96,7 @@ class BudgetTooSmall(ValueError):
     """The budget allows no generator step at all; nothing was written."""
 
 
-def budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
+def _budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
     """The accountant's arguments for one generator step (g_step rounds of B queries):
     the mechanism's noise multiplier expressed as TopAgg's sigma / (2 sqrt(k))."""
     topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
@@ -115,7 +115,7 @@ def steps_within_budget(config: DataLensConfig, batch: int, dim: int) -> int:
     """Whole generator steps (g_step rounds of ``batch`` queries) the budget allows from
     nothing spent (the epoch cap aside)."""
     return accounting.max_steps_within(max_eps=config.budget.max_eps,
-                                       **budget_arguments(config, batch, dim))
+                                       **_budget_arguments(config, batch, dim))
 
 
 def check_budget_allows_a_step(config: DataLensConfig, batch: int, dim: int) -> None:
@@ -125,7 +125,7 @@ def check_budget_allows_a_step(config: DataLensConfig, batch: int, dim: int) -> 
         return          # not a budget question: DataLens refuses these by name
     if config.train.non_private or steps_within_budget(config, batch, dim) > 0:
         return
-    one = accounting.epsilon_for(steps=1, **budget_arguments(config, batch, dim)).epsilon
+    one = accounting.epsilon_for(steps=1, **_budget_arguments(config, batch, dim)).epsilon
     raise BudgetTooSmall(
         f"the budget epsilon <= {config.budget.max_eps:g} allows 0 generator steps: one step "
         f"({config.train.g_step} round(s) of {batch} TopAgg queries) costs epsilon = "

@@ -140,7 +140,6 @@ class DataLens:
                  draws: Draws | None = None):
         train_cfg = config.train
         self.timer = timer if timer is not None else PhaseTimer()
-        self.overlap_io = placement.overlap_io
         self.config = config
         self.root_seed = root_seed
         self.on_spend: Callable[[int, int, int], None] | None = None

@@ -237,14 +237,14 @@ class _DpPhase:
     journal the iteration, release the sanitized gradient, log released values only."""
 
     def __init__(self, config: GswganConfig, setup: _Setup, nets: DpNetworks,
-                 bank: DiscriminatorBank, journal: PrivacyJournal, store: CheckpointStore, *,
-                 progress: bool, hook: FaultHook):
+                 bank: DiscriminatorBank, journal: PrivacyJournal, store: CheckpointStore,
+                 curves: list[dict], *, progress: bool, hook: FaultHook):
         import tensorflow as tf
 
         self.config, self.setup, self.nets, self.bank = config, setup, nets, bank
         self.journal, self.store, self.hook = journal, store, hook
         self.attempt = len(journal.lost)   # a resume that lost spends samples and noises anew
-        self.curves: list[dict] = []
+        self.curves = curves            # the released curve so far (a resume's included)
         self.writer = tf.summary.create_file_writer(setup.run.paths.logs)
         # The curve's name says which accounting produced it and whether it is proven.
         self.epsilon_tag = (f"gswgan/epsilon_{config.accounting.value}_critic_"
@@ -412,8 +412,8 @@ def train_gswgan(config: GswganConfig, run_dir: str, *, restart: bool = False,
         f"{setup.sigma:.4f} ({setup.facts['sigma_from']}), accounting: "
         f"{config.accounting.description}; critic updates: "
         f"{config.critic_updates.description}")
-    phase = _DpPhase(config, setup, nets, bank, journal, store, progress=progress, hook=hook)
-    phase.curves = curves
+    phase = _DpPhase(config, setup, nets, bank, journal, store, curves, progress=progress,
+                     hook=hook)
     stop_reason = phase.run(start, already_finished)
     privacy = _privacy_record(config, setup, journal, stop_reason)
     export.write_json(paths.privacy, privacy)
