@@ -137,8 +137,9 @@ class NumpyDrawRecorder:
                 setattr(random, name, function)
 
 
-def _their_flags(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
-                 workdir: str) -> Any:
+def their_flags(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
+                workdir: str) -> Any:
+    """Their ``main.py`` flags set to ``config`` (their defaults for everything else)."""
     flags = code.flags
     overrides = dict(
         dataset="fashion_mnist", train=True, pretrain=False, epoch=config.epochs,
@@ -169,7 +170,7 @@ def run_authors(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
     ``images`` float32 [n, 28, 28, 1], ``one_hot`` [n, 10]: the shared data; ``lens``
     provides the initial weights (copied into their variables).
     """
-    flags = _their_flags(code, config, workdir)
+    flags = their_flags(code, config, workdir)
     recorder = NumpyDrawRecorder(np.random.default_rng(config.seed + 1),
                                  (config.batch, config.z_dim),
                                  step_ended=lambda step: their_run.generator_snapshot(step))
@@ -189,6 +190,32 @@ def run_authors(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
         finally:
             session.close()
     return recorder.steps[:config.steps]
+
+
+def build_their_dcgan(code: tf1_compat.AuthorsCode, flags, session, workdir: str,
+                      images: np.ndarray, one_hot: np.ndarray):
+    """Their ``DCGAN`` (in the session's default graph) reading the shared data
+    (``images`` float [n, 28, 28, 1], ``one_hot`` [n, 10]) instead of its IDX files;
+    everything else is their constructor, given their flags."""
+
+    class SharedDataDCGAN(code.model.DCGAN):
+        """Their DCGAN reading the shared subset instead of its IDX files."""
+
+        def load_fashion_mnist(self):
+            return images.astype(np.float64), one_hot.astype(np.float64)
+
+    return SharedDataDCGAN(
+        session, batch_size=flags.batch_size, sample_num=flags.batch_size,
+        y_dim=flags.y_dim, z_dim=flags.z_dim, dataset_name=flags.dataset,
+        crop=flags.crop, checkpoint_dir=workdir, sample_dir=flags.sample_dir,
+        data_dir=workdir, batch_teachers=flags.batch_teachers, pca=flags.pca,
+        random_proj=flags.random_proj, thresh=flags.thresh, dp_delta=flags.delta,
+        pca_dim=flags.pca_dim, teachers_batch=flags.teachers_batch,
+        teacher_dir=os.path.join(workdir, flags.teacher_dir),
+        generator_dir=flags.generator_dir, non_private=flags.non_private,
+        input_height=flags.input_height, input_width=flags.input_width,
+        output_height=flags.output_height, output_width=flags.output_width,
+        wgan=flags.wgan, small=flags.small, config=flags)
 
 
 def _initial_weights(lens: DataLens) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -212,24 +239,7 @@ class _TheirRun:
         self.code, self.config, self.session, self.graph = code, config, session, graph
         self.recorder = recorder
 
-        class SharedDataDCGAN(code.model.DCGAN):
-            """Their DCGAN reading the shared subset instead of its IDX files."""
-
-            def load_fashion_mnist(self):
-                return images.astype(np.float64), one_hot.astype(np.float64)
-
-        self.dcgan = SharedDataDCGAN(
-            session, batch_size=flags.batch_size, sample_num=flags.batch_size,
-            y_dim=flags.y_dim, z_dim=flags.z_dim, dataset_name=flags.dataset,
-            crop=flags.crop, checkpoint_dir=workdir, sample_dir=flags.sample_dir,
-            data_dir=workdir, batch_teachers=flags.batch_teachers, pca=flags.pca,
-            random_proj=flags.random_proj, thresh=flags.thresh, dp_delta=flags.delta,
-            pca_dim=flags.pca_dim, teachers_batch=flags.teachers_batch,
-            teacher_dir=os.path.join(workdir, flags.teacher_dir),
-            generator_dir=flags.generator_dir, non_private=flags.non_private,
-            input_height=flags.input_height, input_width=flags.input_width,
-            output_height=flags.output_height, output_width=flags.output_width,
-            wgan=flags.wgan, small=flags.small, config=flags)
+        self.dcgan = build_their_dcgan(code, flags, session, workdir, images, one_hot)
         self.variables = {v.name: v for v in tf.compat.v1.global_variables()}
         self.generator_variables = {name: self.variables[f"generator/{theirs}:0"]
                                     for name, theirs in GENERATOR_NAMES.items()}

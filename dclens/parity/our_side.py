@@ -86,7 +86,7 @@ class Observer:
         their_votes = np.rint(np.stack(theirs.vote_sums)).astype(np.int32)
         self.round = dict(
             image_gradients=grads, vote_sum=vote_sum.numpy(),
-            noisy_update=result.update.numpy(), teacher_loss=_our_teacher_loss(lens, step),
+            noisy_update=result.update.numpy(), teacher_loss=teacher_loss_on_batch(lens, step),
             image_gradients_their_weights=on_their_weights,
             vote_sum_their_gradients=lens.topagg.vote_sum(tf.constant(their_grads),
                                                           uniforms=uniforms).numpy(),
@@ -100,7 +100,7 @@ def _flat(grads: tf.Tensor) -> np.ndarray:
     return grads.reshape(grads.shape[0], grads.shape[1], -1)
 
 
-def _our_teacher_loss(lens: DataLens, step: int) -> np.ndarray:
+def teacher_loss_on_batch(lens: DataLens, step: int) -> np.ndarray:
     """Each teacher's discriminator loss on this step's real batch and its fake batch."""
     columns = lens._slot_columns()
     records = lens.partitions[:, columns]
