@@ -2,23 +2,34 @@
 
   python scripts/side_by_side.py --authors_repo ../shared/authors-datalens
   python scripts/side_by_side.py --steps 6 --teachers 4 --records 15 --nostochastic
+  python scripts/side_by_side.py --nothreshold --nostochastic   # their --signsgd_nothresh
 
 Both get the same data and partitions (the authors' partitioner on a class-balanced
 subset of the real Fashion-MNIST), the same initial weights, latents, labels,
 stochastic-sign uniforms and DP noise (their numpy draws, replayed into dclens through
 dclens.datalens.draws), and the authors' per-teacher fake batches.  After every generator step it
 prints and records the differences of the teachers' losses and weights, the image
-gradients, the vote sums, the noisy thresholded update, the generator's weights and
+gradients, the vote sums, the noisy update, the generator's weights and
 epsilon (dclens/parity/side_by_side.py states the float32 tolerances).  Exit status 0
 when every step agrees, 1 when one does not, 2 on bad input.  The runs' noise is replayed
 and known: nothing here is private.
+
+Whole runs (--whole_runs N): each side trains N times from its own seed to the end of one
+budget, with fresh noise (real, equal epsilons), at one configuration; every run is
+evaluated alike (val, sen, FID, label agreement, the authors' protocol) and the
+distributions are compared (mean +- sd, Welch 95% intervals, per-step curves, seconds per
+step) in a generated README.  Resumable: run the same command again.
+
+  python scripts/side_by_side.py --whole_runs 5 --noise_matched 1 --teachers 200
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import shlex
 import sys
 from typing import Sequence
 
@@ -26,7 +37,10 @@ from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
 from dclens.common import export
 from dclens.data import DataError
-from dclens.parity import side_by_side, tf1_compat
+from dclens.evaluation import authors_protocol, classifiers, evaluate
+from dclens.evaluation import quality
+from dclens.parity import (side_by_side, tf1_compat, whole_run, whole_run_report,
+                           whole_run_study)
 from dclens.runs.output_checks import RunDirError, check_output_file
 
 DEFAULT_REPO = REPO_ROOT.parent / "shared" / "authors-datalens"
@@ -53,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stochastic sign (default); --nostochastic: deterministic")
     parser.add_argument("--nostochastic", dest="stochastic", action="store_false",
                         help=argparse.SUPPRESS)
+    parser.add_argument("--threshold", dest="threshold", action="store_true", default=True,
+                        help="the authors' --signsgd: the noisy vote sum thresholded at "
+                             "--thresh x teachers (default); --nothreshold: their "
+                             "--signsgd_nothresh, the noisy vote sum / --topk released "
+                             "(--thresh unused), against dclens' no_threshold (with "
+                             "--stochastic) or no_threshold_sign (with --nostochastic)")
+    parser.add_argument("--nothreshold", dest="threshold", action="store_false",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0,
                         help="dclens' initial weights and the replayed noise")
     parser.add_argument("--data_dir", help="Fashion-MNIST location (default: the Debian "
@@ -64,6 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
                              "trajectories (reported, not judged)")
     parser.add_argument("--perturb", choices=("noise", "weights"),
                         help="change one of dclens' inputs, to see the harness flag it")
+    whole = parser.add_argument_group(
+        "whole runs", "train each side --whole_runs times from its own seed to the end of "
+        "one budget, evaluate every run alike and compare the distributions "
+        "(dclens/parity/whole_run.py); resumable: run the same command again")
+    whole.add_argument("--whole_runs", type=int, metavar="N",
+                       help="runs per side (the study; at least 5 for a comparison)")
+    whole.add_argument("--noise_matched", type=int, choices=(1, 10), metavar="EPS",
+                       help="the paper's Fashion-MNIST configuration at epsilon EPS with "
+                            "--teachers instead of 4000: sigma x teachers / 4000 and the "
+                            "budget of the paper's steps (the analysis tables' reduced "
+                            "scale; NOT epsilon EPS); ignores the flags it sets")
+    whole.add_argument("--max_eps", type=float,
+                       help="the budget both sides stop at (without --noise_matched)")
+    whole.add_argument("--samples", type=int, default=20_000,
+                       help="samples written and evaluated per run (default %(default)s)")
+    whole.add_argument("--study_dir", default=str(REPO_ROOT / "runs" / "whole-runs"),
+                       help="the runs (default %(default)s)")
+    whole.add_argument("--results", default=str(REPO_ROOT / "results" / "side-by-side" /
+                                                "whole-runs"),
+                       help="where the generated README, summary and curves go "
+                            "(default %(default)s)")
+    whole.add_argument("--phases", default="train,evaluate,authors_protocol",
+                       help="comma-separated, in order: train, evaluate, authors_protocol "
+                            "(default: all)")
+    whole.add_argument("--smoke", action="store_true",
+                       help="evaluation at a smoke-test size (1-epoch classifiers, 200 test "
+                            "images): checks the path, its numbers mean nothing")
     return parser
 
 
@@ -84,18 +133,82 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--{name} must be an integer >= 0, got {getattr(args, name)}")
 
 
+def whole_run_config(parser: argparse.ArgumentParser,
+                     args: argparse.Namespace) -> whole_run.WholeRunConfig:
+    if args.noise_matched is not None:
+        return whole_run.WholeRunConfig.noise_matched(
+            args.teachers, eps=args.noise_matched, records=args.records, samples=args.samples,
+            data_dir=args.data_dir)
+    if args.max_eps is None:
+        parser.error("--whole_runs needs a budget: --max_eps EPS, or --noise_matched 1|10 "
+                     "for the paper's configuration at a reduced scale")
+    return whole_run.WholeRunConfig.with_budget(
+        args.max_eps, args.samples, teachers=args.teachers, records=args.records,
+        batch_size=args.batch_size, topk=args.topk, sigma=args.sigma, thresh=args.thresh,
+        d_step=args.d_step, pretrain_teacher=args.pretrain_teacher, max_grad=args.max_grad,
+        stochastic=args.stochastic, z_dim=args.z_dim, data_dir=args.data_dir)
+
+
+def smoke_evaluation(samples: int) -> tuple[evaluate.EvalSettings,
+                                            authors_protocol.AuthorsProtocol]:
+    """Evaluation settings that only check the path (tests)."""
+    settings = evaluate.EvalSettings(
+        schedule=classifiers.Schedule(epochs=1, batch_size=64), test_limit=200,
+        quality_samples=min(100, samples), domain=quality.DomainSettings(
+            schedule=classifiers.Schedule(epochs=1, batch_size=128), train_limit=500))
+    rows = min(10_000, samples)
+    return settings, authors_protocol.AuthorsProtocol(range=1, rows_per_pickle=rows,
+                                                      rows=10 * rows, epochs=1)
+
+
+def run_whole(parser: argparse.ArgumentParser, args: argparse.Namespace,
+              argv: list[str]) -> int:
+    phases = tuple(p for p in args.phases.split(",") if p)
+    unknown = sorted(set(phases) - set(whole_run_study.PHASES))
+    if unknown or not phases:
+        parser.error(f"--phases takes {', '.join(whole_run_study.PHASES)}; got "
+                     f"{args.phases!r}")
+    if args.whole_runs < 1:
+        parser.error(f"--whole_runs must be an integer >= 1, got {args.whole_runs}")
+    try:
+        config = whole_run_config(parser, args)
+        evaluation, authors = (smoke_evaluation(config.samples) if args.smoke else
+                               (evaluate.EvalSettings(
+                                   quality_samples=min(10_000, config.samples)),
+                                authors_protocol.AuthorsProtocol(range=1)))
+        study = whole_run_study.Study(args.study_dir, config, args.authors_repo,
+                                      runs=args.whole_runs, root_seed=args.seed,
+                                      evaluation=evaluation, authors=authors)
+        tf1_compat.check_repo(args.authors_repo)
+        summary = whole_run_study.run_study(study, data_dir=args.data_dir, phases=phases)
+    except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError,
+            RunDirError, evaluate.EvaluationError) as error:
+        print(f"side_by_side.py: error: {error}", file=sys.stderr)
+        return 2
+    readme = whole_run_report.publish(
+        summary, args.results, command=shlex.join(["python", "scripts/side_by_side.py", *argv]),
+        date=datetime.date.today().isoformat())
+    print(f"report: {readme}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
+    if args.whole_runs is not None and not args.threshold:
+        parser.error("--nothreshold is a lockstep comparison only: whole runs train the "
+                     "thresholded sign; drop --nothreshold or --whole_runs")
+    if args.whole_runs is not None:
+        return run_whole(parser, args, list(sys.argv[1:] if argv is None else argv))
 
     try:
         config = side_by_side.SideBySideConfig(
             teachers=args.teachers, records=args.records, steps=args.steps,
             batch_size=args.batch_size, topk=args.topk, sigma=args.sigma,
             thresh=args.thresh, d_step=args.d_step, pretrain_teacher=args.pretrain_teacher,
-            max_grad=args.max_grad, stochastic=args.stochastic, z_dim=args.z_dim,
-            seed=args.seed, data_dir=args.data_dir)
+            max_grad=args.max_grad, stochastic=args.stochastic, threshold=args.threshold,
+            z_dim=args.z_dim, seed=args.seed, data_dir=args.data_dir)
         if args.out:        # written at the end: refuse a path that cannot take it now
             check_output_file(args.out, "--out", "side_by_side.json")
         report = side_by_side.run_side_by_side(config, args.authors_repo,

@@ -147,7 +147,9 @@ def their_flags(code: tf1_compat.AuthorsCode, config: SideBySideConfig,
         topk=config.topk, sigma=float(config.sigma), thresh=config.thresh,
         max_eps=1e9, delta=config.delta, d_step=config.d_step, g_step=1,
         pretrain_teacher=config.pretrain_teacher, max_grad=config.max_grad,
-        stochastic=config.stochastic, signsgd=True, z_dim=config.z_dim, y_dim=10,
+        # Their aggregate_results tries --signsgd first: --signsgd_nothresh needs it off.
+        stochastic=config.stochastic, signsgd=config.threshold,
+        signsgd_nothresh=not config.threshold, z_dim=config.z_dim, y_dim=10,
         learning_rate=config.learning_rate, beta1=config.beta1, shuffle=True,
         checkpoint_dir=workdir, data_dir=workdir, non_private=False, orders=200)
     unknown = sorted(set(overrides) - set(vars(flags)))

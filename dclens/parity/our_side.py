@@ -11,7 +11,6 @@ import numpy as np
 import tensorflow as tf
 
 from dclens.datalens import topagg
-from dclens.datalens.config import Aggregation
 from dclens.datalens.train import DataLens
 from dclens.parity.authors_side import GENERATOR_NAMES, TEACHER_NAMES, TheirStep
 from dclens.parity.config import SideBySideError
@@ -51,7 +50,7 @@ class OurStep:
     teacher_loss: np.ndarray
     image_gradients: np.ndarray       # [T, B, D]
     vote_sum: np.ndarray              # [B, D]
-    noisy_update: np.ndarray          # [B, D] in {-1, 0, 1}
+    noisy_update: np.ndarray          # [B, D] in {-1, 0, 1}; without threshold noisy sum / k
     generator_weights: dict[str, np.ndarray]
     epsilon: float
     # dclens' functions applied to the authors' inputs of the same step:
@@ -79,7 +78,7 @@ class Observer:
         on_their_weights = _flat(lens.ensemble.image_gradients(their_weights, images, one_hot))
         their_grads = np.stack(theirs.image_gradients, axis=1).reshape(grads.shape)
         uniforms = None
-        if lens.config.topagg.method is Aggregation.TOPK_STOCHASTIC_SIGN:
+        if lens.topagg.uniform_count(their_grads.shape[-1]):      # a stochastic sign
             uniforms = topagg.uniforms_in_topk_order(
                 tf.constant(their_grads), tf.constant(np.stack(theirs.uniforms, axis=1)),
                 lens.config.topagg.topk)

@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from dclens import data
-from dclens.common import export
+from dclens.common import export, machine, provenance
 from dclens.datalens import config as cfg
 from dclens.datalens.train import DataLens
 from dclens.evaluation import synthetic_input
@@ -435,7 +435,11 @@ def _record(side: str, config: WholeRunConfig, seed: int, steps: list[dict], sta
             "seconds_per_step": float(np.mean(seconds)),
             "seconds_per_step_after_first": float(np.mean(seconds[1:])) if len(seconds) > 1
             else float(seconds[0]),
-            "setup_seconds": built, "wall_seconds": time.perf_counter() - started, **extra}
+            "setup_seconds": built, "wall_seconds": time.perf_counter() - started,
+            "machine": {"cpu": machine.cpu_model_name(),
+                        "vector_extensions": machine.cpu_vector_extensions(),
+                        "onednn": machine.onednn_enabled()},
+            "provenance": provenance.provenance(), **extra}
 
 
 RUNNERS = {"authors": run_authors_whole, "dclens": run_dclens_whole}

@@ -1,0 +1,203 @@
+"""The whole-run study's report: ``README.md``, ``summary.json``, ``curves.png`` and each
+finished run's small JSON, generated from :func:`dclens.parity.whole_run_study.summarize`
+(never written by hand: rerun ``scripts/side_by_side.py --whole_runs ...`` to refresh it)."""
+
+from __future__ import annotations
+
+import math
+import os
+import numpy as np
+
+from dclens.common import export
+from dclens.parity.whole_run import SIDES
+
+#: Accuracy measures the equivalence statement is made for (higher is better).
+ACCURACIES = ("val", "sen", "authors_range1", "label_agreement")
+
+#: Curves drawn as bands: (run.json key, axis title).
+CURVE_PANELS = (("pass_fraction", "share of coordinates passing the threshold"),
+                ("generator_loss", "generator loss (before its update)"),
+                ("teacher_loss", "teachers' loss after their training (mean)"))
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "--"
+    return f"{value:.{digits}f}"
+
+
+def _side_cell(stats: dict, digits: int) -> str:
+    if not stats["n"]:
+        return "not run"
+    if stats["sd"] is None:
+        return f"{stats['mean']:.{digits}f} (1 run)"
+    return f"{stats['mean']:.{digits}f} +- {stats['sd']:.{digits}f} ({stats['n']})"
+
+
+def _digits(key: str) -> int:
+    return {"fid": 2, "steps": 0, "seconds_per_step": 2}.get(key, 4)
+
+
+def comparison_table(summary: dict) -> list[str]:
+    lines = ["| measure | authors' code | dclens | dclens - authors, 95% interval (Welch) |",
+             "|---|---|---|---|"]
+    for key, entry in summary["comparison"].items():
+        digits = _digits(key)
+        difference = entry.get("difference")
+        cell = "--"
+        if difference is not None:
+            cell = (f"{difference['dclens_minus_authors']:+.{digits}f} "
+                    f"[{_number(difference['low'], digits)}, "
+                    f"{_number(difference['high'], digits)}]")
+        lines.append(f"| {entry['label']} | {_side_cell(entry['authors'], digits)} | "
+                     f"{_side_cell(entry['dclens'], digits)} | {cell} |")
+    return lines
+
+
+def equivalence(summary: dict) -> list[str]:
+    """Per accuracy measure: the largest difference the 95% interval allows, and whether
+    it contains zero."""
+    lines = []
+    for key in ACCURACIES:
+        entry = summary["comparison"].get(key, {})
+        difference = entry.get("difference")
+        if difference is None or math.isnan(difference["low"]):
+            continue
+        bound = max(abs(difference["low"]), abs(difference["high"]))
+        contains = difference["low"] <= 0 <= difference["high"]
+        lines.append(f"* {entry['label']}: the two differ by at most **{bound:.3f}** "
+                     f"(95% Welch interval [{difference['low']:+.3f}, "
+                     f"{difference['high']:+.3f}]; "
+                     + ("it contains 0: no difference shows beyond the seed spread)"
+                        if contains else "it excludes 0: **the two differ**)"))
+    return lines
+
+
+def agreement(summary: dict) -> bool | None:
+    """True when every accuracy interval contains 0, False when one excludes it, None when
+    no interval exists yet (fewer than two runs a side)."""
+    seen = []
+    for key in ACCURACIES:
+        difference = summary["comparison"].get(key, {}).get("difference")
+        if difference is not None and not math.isnan(difference["low"]):
+            seen.append(difference["low"] <= 0 <= difference["high"])
+    return all(seen) if seen else None
+
+
+def speed(summary: dict) -> list[str]:
+    entry = summary["comparison"]["seconds_per_step"]
+    theirs, ours = entry["authors"]["mean"], entry["dclens"]["mean"]
+    if theirs is None or ours is None:
+        return []
+    machines = {str(run.get("machine")) for side in SIDES for run in summary["runs"][side]
+                if run.get("machine")}
+    cpu = next(iter(summary["runs"]["dclens"]), {}).get("machine") or {}
+    return [f"Seconds per generator step after the first (the first holds the pretraining "
+            f"and tracing), run i of each side back to back on one machine"
+            f"{' (' + cpu.get('cpu', '') + ', oneDNN ' + str(cpu.get('onednn')) + ')' if cpu else ''}: "
+            f"authors' code **{theirs:.2f} s**, dclens **{ours:.2f} s**: dclens takes "
+            f"**{ours / theirs:.3f}x** the authors' time per step ({theirs / ours:.1f}x "
+            f"faster). Set-up (graph construction / tracing excluded above): authors "
+            f"{np.mean([r['setup_seconds'] for r in summary['runs']['authors']]):.0f} s, "
+            f"dclens {np.mean([r['setup_seconds'] for r in summary['runs']['dclens']]):.0f} s."
+            + ("" if len(machines) <= 1 else " NOTE: the runs were made on more than one "
+               "machine; the ratio mixes them.")]
+
+
+def per_run_table(summary: dict) -> list[str]:
+    keys = ("val", "sen", "authors_range1", "fid", "label_agreement", "epsilon",
+            "seconds_per_step")
+    lines = ["| side | run | seed | " + " | ".join(keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for side in SIDES:
+        for run in summary["runs"][side]:
+            cells = [_number(run["values"][key], _digits(key)) for key in keys]
+            lines.append(f"| {side} | {run['index']} | {run['seed']} | "
+                         + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_curves(summary: dict, path: str) -> None:
+    """Per step, each side's mean +- sd over its runs, one panel per curve."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(5 * len(CURVE_PANELS), 3.6))
+    for axis, (key, title) in zip(axes, CURVE_PANELS):
+        for side, colour in zip(SIDES, ("tab:orange", "tab:blue")):
+            curves = [run["curves"][key] for run in summary["runs"][side]]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)
+            values = np.array([c[:length] for c in curves], float)
+            mean = values.mean(axis=0)
+            sd = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(length)
+            steps = np.arange(1, length + 1)
+            axis.plot(steps, mean, color=colour, label=f"{side} ({len(values)} runs)")
+            axis.fill_between(steps, mean - sd, mean + sd, color=colour, alpha=0.25)
+        axis.set_title(title, fontsize=9)
+        axis.set_xlabel("generator step")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    export.atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=90))
+    plt.close(figure)
+
+
+def render(summary: dict, *, command: str, date: str) -> str:
+    settings = summary["settings"]
+    config = settings["config"]
+    lock = config["lockstep"]
+    verdict = agreement(summary)
+    finished = {side: len(summary["runs"][side]) for side in SIDES}
+    lines = [
+        "# Whole runs side by side: the authors' code and dclens",
+        "",
+        f"Generated {date} by `{command}` from the runs' reports "
+        "(`dclens/parity/whole_run_report.py`); do not edit by hand.",
+        "",
+        f"{finished['authors']} of {settings['runs']} runs of the authors' code and "
+        f"{finished['dclens']} of {settings['runs']} of dclens have finished training.",
+        "",
+        "## The configuration (both sides)",
+        "",
+        f"{lock['teachers']} teachers x {lock['records']} records (a class-balanced subset "
+        f"of the real Fashion-MNIST training set, split by the authors' partitioner), batch "
+        f"{lock['batch_size']}, k = {lock['topk']}, sigma = {lock['sigma']:g}, beta = "
+        f"{lock['thresh']}, {'stochastic' if lock['stochastic'] else 'deterministic'} sign, "
+        f"d_step {lock['d_step']} (pretraining {lock['pretrain_teacher']}), z_dim "
+        f"{lock['z_dim']}, learning rate {lock['learning_rate']:g}, beta1 {lock['beta1']}; "
+        f"budget epsilon {config['max_eps']:.4g} at delta {lock['delta']:g} "
+        f"({config['steps']} generator steps), {config['samples']} samples per run. "
+        f"Each run has its own seed (root seed {settings['root_seed']}): the authors' "
+        "numpy global seed and TF graph seed (their own initialisers), dclens' root seed. "
+        "Both sides draw fresh noise: the epsilons are real and equal.",
+        "",
+        "## The comparison",
+        "",
+        *comparison_table(summary),
+        "",
+        *equivalence(summary),
+        "",
+    ]
+    if verdict is True:
+        lines += ["**Verdict: the two agree** within the seed spread on every accuracy "
+                  "measure.", ""]
+    elif verdict is False:
+        lines += ["**Verdict: they differ** on at least one accuracy measure beyond the "
+                  "seed spread (see above).", ""]
+    lines += ["## Per-step curves", "", "![curves](curves.png)", "",
+              "Mean +- sd over each side's runs.", "", "## Speed", "", *speed(summary), "",
+              "## Every run", "", *per_run_table(summary), ""]
+    return "\n".join(lines)
+
+
+def publish(summary: dict, out_dir: str, *, command: str, date: str) -> str:
+    """Writes README.md, summary.json, curves.png into ``out_dir``; returns the README path."""
+    os.makedirs(out_dir, exist_ok=True)
+    export.write_json(os.path.join(out_dir, "summary.json"), summary)
+    plot_curves(summary, os.path.join(out_dir, "curves.png"))
+    path = os.path.join(out_dir, "README.md")
+    text = render(summary, command=command, date=date)
+    export.atomic_write(path, lambda stream: stream.write(text), mode="w")
+    return path

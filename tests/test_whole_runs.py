@@ -1,0 +1,209 @@
+"""Whole runs side by side (dclens/parity/whole_run*.py): the configuration's checks, the
+statistics of the comparison against an independent computation, and the whole path end to
+end at a tiny size (one run per side, three steps) through the command-line tool.
+
+The end-to-end test needs the authors' repository beside the checkout and the real
+Fashion-MNIST (as tests/test_side_by_side.py); without them it is skipped with the reason.
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dclens.common import export
+from dclens.datalens import build, networks
+from dclens.privacy import accounting
+from dclens.parity import whole_run, whole_run_report, whole_run_study
+from dclens.parity.config import SideBySideError
+
+from test_side_by_side import AUTHORS, needs_authors
+
+TINY = dict(teachers=4, records=15, batch_size=15, topk=50, sigma=40.0, thresh=0.5,
+            d_step=2, pretrain_teacher=3, z_dim=10)
+
+
+# --------------------------------------------------------------------------- config
+def test_the_budget_decides_the_steps_as_the_ledger_does():
+    """planned_steps (dp_accounting's step search) against spending TopAgg's event one
+    step at a time in the ledger the runs use, as DataLens.within_budget does."""
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    lens_config = config.dclens_config()
+    event = build.build_topagg(lens_config, networks.ImageShape(28, 28, 1, 10)).event(
+        config.lockstep.batch)
+    ledger = accounting.PrivacyLedger(delta=config.lockstep.delta,
+                                      conversion=accounting.Conversion.CLASSIC,
+                                      orders=accounting.classic_orders(200))
+    steps = 0
+    while ledger.epsilon_after_event(event).epsilon <= 15.0:
+        ledger.spend(event)
+        steps += 1
+    assert config.lockstep.steps == steps == 3
+    assert lens_config.budget.max_eps == 15.0
+    assert lens_config.train.epochs == config.their_epochs == 4   # one more than the budget
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(batch_size=5), "batch_size = records"),
+    (dict(sigma=400.0), None),
+])
+def test_whole_run_configs_that_cannot_run_are_refused(change, message):
+    if message is None:      # a budget that allows no step at all
+        with pytest.raises(SideBySideError, match="allows no step"):
+            whole_run.WholeRunConfig.with_budget(0.5, samples=100, **{**TINY, **change})
+        return
+    with pytest.raises(SideBySideError, match=message):
+        whole_run.WholeRunConfig.with_budget(15.0, samples=100, **{**TINY, **change})
+
+
+def test_a_config_whose_steps_disagree_with_its_budget_is_refused():
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    with pytest.raises(SideBySideError, match="allows 3 steps"):
+        whole_run.WholeRunConfig(dataclasses.replace(config.lockstep, steps=4), 15.0, 100)
+
+
+def test_the_noise_matched_scale_is_the_papers_noise_relative_to_the_votes():
+    config = whole_run.WholeRunConfig.noise_matched(200, eps=1)
+    assert config.lockstep.sigma == pytest.approx(5000 * 200 / 4000)
+    assert config.lockstep.steps == 86                 # the paper's eps = 1 steps
+    assert config.lockstep.topk == 200 and config.lockstep.thresh == 0.9
+
+
+def test_run_seeds_are_distinct_across_runs_and_sides():
+    seeds = {whole_run.run_seed(0, side, i) for side in whole_run.SIDES for i in range(50)}
+    assert len(seeds) == 100
+    assert whole_run.run_seed(0, "dclens", 3) == whole_run.run_seed(0, "dclens", 3)
+    assert whole_run.run_seed(1, "dclens", 3) != whole_run.run_seed(0, "dclens", 3)
+
+
+# --------------------------------------------------------------------------- statistics
+def test_welch_interval_matches_scipy():
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(0.5, 0.03, 5), rng.normal(0.52, 0.05, 6)
+    difference, low, high, dof = whole_run_study.welch_interval(list(a), list(b))
+    result = stats.ttest_ind(b, a, equal_var=False)
+    interval = result.confidence_interval(0.95)
+    assert difference == pytest.approx(b.mean() - a.mean())
+    assert (low, high) == (pytest.approx(interval.low), pytest.approx(interval.high))
+    assert dof == pytest.approx(result.df)
+
+
+def test_welch_interval_with_one_run_a_side_has_no_bounds():
+    difference, low, high, _ = whole_run_study.welch_interval([0.5], [0.6, 0.7])
+    assert difference == pytest.approx(0.15) and math.isnan(low) and math.isnan(high)
+
+
+def _fake_study(tmp_path, accuracies: dict[str, list[float]]) -> str:
+    """A study directory whose runs' files hold the given val accuracies (everything else
+    fixed): for the summary and report only."""
+    directory = str(tmp_path / "study")
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    runs = max(len(v) for v in accuracies.values())
+    study = whole_run_study.Study(directory, config, str(AUTHORS), runs=runs,
+                                  authors=None)
+    whole_run_study.open_study(study)
+    for side, values in accuracies.items():
+        for index, value in enumerate(values):
+            folder = study.run_dir(side, index)
+            os.makedirs(folder)
+            curves = {name: [0.1 * index + j for j in range(3)]
+                      for name in whole_run.CURVES}
+            export.write_json(os.path.join(folder, "run.json"), {
+                "side": side, "seed": index, "curves": curves, "epsilon": 14.19, "steps": 3,
+                "seconds_per_step_after_first": 2.0 if side == "authors" else 0.5,
+                "setup_seconds": 1.0, "wall_seconds": 9.0})
+            export.write_json(os.path.join(folder, "evaluation.json"), {
+                "protocols": {"val": {"accuracy": value}, "sen": {"accuracy": value + 0.1}},
+                "quality": {"fid": 100.0 + index, "label_agreement": value / 2}})
+    return directory
+
+
+def test_the_summary_compares_what_the_runs_hold(tmp_path):
+    theirs, ours = [0.50, 0.55, 0.52], [0.51, 0.49, 0.56]
+    summary = whole_run_study.summarize(_fake_study(
+        tmp_path, {"authors": theirs, "dclens": ours}))
+    val = summary["comparison"]["val"]
+    assert val["authors"]["mean"] == pytest.approx(np.mean(theirs))
+    assert val["dclens"]["sd"] == pytest.approx(np.std(ours, ddof=1))
+    interval = stats.ttest_ind(ours, theirs, equal_var=False).confidence_interval(0.95)
+    assert val["difference"]["low"] == pytest.approx(interval.low)
+    assert summary["comparison"]["authors_range1"]["authors"]["n"] == 0   # not run
+    assert whole_run_report.agreement(summary) is True
+    text = whole_run_report.render(summary, command="cmd", date="2026-11-26")
+    assert "the two agree" in text and "4.000x faster" not in text
+    assert "dclens takes **0.250x**" in text          # 0.5 s against 2.0 s
+
+
+def test_a_clear_difference_is_reported_as_one(tmp_path):
+    summary = whole_run_study.summarize(_fake_study(
+        tmp_path, {"authors": [0.50, 0.51, 0.52], "dclens": [0.70, 0.71, 0.72]}))
+    assert whole_run_report.agreement(summary) is False
+    assert "they differ" in whole_run_report.render(summary, command="c", date="d")
+
+
+def test_a_study_refuses_to_resume_with_other_settings(tmp_path):
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    study = whole_run_study.Study(str(tmp_path), config, str(AUTHORS), runs=1, authors=None)
+    whole_run_study.open_study(study)
+    whole_run_study.open_study(dataclasses.replace(study, runs=3))     # more runs: fine
+    other = whole_run.WholeRunConfig.with_budget(20.0, samples=100, **TINY)
+    with pytest.raises(SideBySideError, match="config differ"):
+        whole_run_study.open_study(dataclasses.replace(study, config=other))
+
+
+def test_a_study_refuses_an_authors_protocol_reading_more_samples_than_a_run_writes():
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    with pytest.raises(SideBySideError, match="reads 10000 samples but each run writes 100"):
+        whole_run_study.Study("unused", config, str(AUTHORS))
+
+
+# --------------------------------------------------------------------------- end to end
+@needs_authors
+def test_whole_runs_end_to_end_through_the_tool(tmp_path, monkeypatch, capsys):
+    from dclens.cli import side_by_side as cli
+
+    monkeypatch.setenv("DCLENS_CACHE", str(tmp_path / "cache"))
+    study_dir, results = tmp_path / "study", tmp_path / "results"
+    # Two teachers of 50 records: their budget stop samples 100,000 images in batches of
+    # B = 50 (their code's fixed count), the test's longest part.
+    shared = ["--authors_repo", str(AUTHORS), "--whole_runs", "1", "--teachers", "2",
+              "--records", "50", "--batch_size", "50", "--topk", "50", "--sigma", "40",
+              "--thresh", "0.5", "--d_step", "2", "--pretrain_teacher", "3", "--z_dim", "10",
+              "--samples", "100", "--smoke", "--study_dir", str(study_dir),
+              "--results", str(results)]
+    argv = [*shared, "--max_eps", "36"]
+    assert cli.main(argv) == 0
+    runs = {side: json.loads((study_dir / f"{side}-0" / "run.json").read_text())
+            for side in whole_run.SIDES}
+    for side, run in runs.items():
+        folder = study_dir / f"{side}-0"
+        assert run["steps"] == 3
+        assert all(len(curve) == 3 for curve in run["curves"].values())
+        assert all(0 < p <= 1 for p in run["curves"]["pass_fraction"])
+        assert all(np.isfinite(run["curves"]["teacher_loss"]))
+        with np.load(folder / "samples.npz") as samples:
+            assert samples["x"].shape == (100, 28, 28, 1)
+            assert samples["y"].shape == (100,)
+        assert list(folder.glob("eps-*.data-0.pkl")), f"no authors'-layout pickle in {side}"
+        evaluation = json.loads((folder / "evaluation.json").read_text())
+        assert 0 <= evaluation["protocols"]["val"]["accuracy"] <= 1
+        assert evaluation["quality"]["fid"] >= 0
+        assert 0 <= json.loads((folder / "authors_protocol.json").read_text())["accuracy"] <= 1
+    # Their RDP counter and our ledger spend the same epsilon at every step.
+    assert runs["authors"]["curves"]["epsilon"] == pytest.approx(
+        runs["dclens"]["curves"]["epsilon"], rel=1e-9)
+    assert runs["authors"]["seed"] != runs["dclens"]["seed"]
+    readme = (results / "README.md").read_text()
+    assert "1 of 1 runs of the authors' code and 1 of 1 of dclens" in readme
+    assert (results / "curves.png").stat().st_size > 0
+    # Resumed: nothing retrains (the runs' files are untouched), the report is rewritten.
+    stamp = (study_dir / "authors-0" / "run.json").stat().st_mtime_ns
+    assert cli.main(argv) == 0
+    assert (study_dir / "authors-0" / "run.json").stat().st_mtime_ns == stamp
+    # Other settings in the same directory are refused, quoting what differs.
+    assert cli.main([*shared, "--max_eps", "25"]) == 2
+    assert "differ" in capsys.readouterr().err
