@@ -15,8 +15,8 @@ from conftest import synthetic_fashion_mnist
 
 from dclens.privacy import accounting
 from dclens.datalens import topagg
-from dclens.datalens.config import (Aggregation, BudgetConfig, DataLensConfig, SketchAccounting,
-                           TopAggConfig, TrainConfig)
+from dclens.datalens.config import (TOPK_METHODS, Aggregation, BudgetConfig, DataLensConfig,
+                                    SketchAccounting, TopAggConfig, TrainConfig)
 from dclens.datalens.train import DataLens
 
 T, B, D, K, C = 5, 3, 40, 6, 1e-5
@@ -93,8 +93,7 @@ def test_sensitivity_holds_under_adversarial_swaps_and_is_reached(method):
     low[0] = -10 * C
     high = low.copy()
     high[0] = 10 * C
-    if method in (Aggregation.TOPK_STOCHASTIC_SIGN, Aggregation.TOPK_SIGN,
-                  Aggregation.NO_THRESHOLD):
+    if method in TOPK_METHODS:
         low[0, :, K:] = high[0, :, K:] = 0.0                    # the same top-k support
     uniforms = _uniforms(agg, rng)
     moved = np.sqrt(((_statistic(agg, low, uniforms) - _statistic(agg, high, uniforms))
@@ -105,6 +104,8 @@ def test_sensitivity_holds_under_adversarial_swaps_and_is_reached(method):
 def test_charged_sensitivities():
     assert _agg(Aggregation.TOPK_STOCHASTIC_SIGN).sensitivity == 2 * math.sqrt(K)
     assert _agg(Aggregation.NO_THRESHOLD).sensitivity == 2 * math.sqrt(K)
+    assert _agg(Aggregation.NO_THRESHOLD_SIGN).sensitivity == 2 * math.sqrt(K)
+    assert _agg(Aggregation.NO_THRESHOLD_SIGN).uniform_count(D) == 0
     assert _agg(Aggregation.NO_TOPK).sensitivity == 2 * math.sqrt(D)
     assert _agg(Aggregation.KLEVEL, klevel=4).sensitivity == 3 * math.sqrt(D)
     assert _agg(Aggregation.KLEVEL, klevel=2).sensitivity == 1 * math.sqrt(D)

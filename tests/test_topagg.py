@@ -583,3 +583,66 @@ def test_call_on_a_hand_example():
     assert isinstance(result.event, dp_accounting.NonPrivateDpEvent)
     assert result.queries == 1
     assert result.pass_fraction == pytest.approx(0.75)
+
+
+# --------------------------------------------------------------------------------------
+# 12. The deterministic sign without threshold (Aggregation.NO_THRESHOLD_SIGN; the
+#     authors' --signsgd_nothresh without --stochastic).
+# --------------------------------------------------------------------------------------
+
+NO_THRESH_SIGN = Aggregation.NO_THRESHOLD_SIGN
+
+
+def _slow_sign_vote_sum(grads: np.ndarray, topk: int) -> np.ndarray:
+    """Sum over teachers of the sign of each teacher's k largest |g| (ties: lower index
+    first; g >= 0, an exact zero included, votes +1), one teacher and image at a time.
+    Clipping and L-inf normalisation never change a sign, so they are left out."""
+    t_count, b_count, dim = grads.shape
+    total = np.zeros((b_count, dim), np.int64)
+    for t in range(t_count):
+        for b in range(b_count):
+            g = grads[t, b]
+            for index in np.argsort(-np.abs(g), kind="stable")[:topk]:
+                total[b, index] += 1 if g[index] >= 0 else -1
+    return total
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros_mixed", "beyond_clip"])
+@pytest.mark.parametrize("shape,topk", SHAPES, ids=lambda v: str(v))
+def test_no_threshold_sign_votes_and_releases_the_sum_over_k_without_noise(shape, topk,
+                                                                           kind):
+    g = _grads(kind, shape, seed=_seed("no_threshold_sign", shape, kind))
+    agg = topagg.TopAgg(TopAggConfig(topk=topk, sigma=0.0, thresh=0.5, max_grad=_CLIP[kind],
+                                     method=NO_THRESH_SIGN),
+                        num_teachers=shape[0], allow_no_noise=True)
+    assert agg.uniform_count(shape[2]) == 0          # no random draws for the sign
+    votes = agg.vote_sum(tf.constant(g))             # needs neither seed nor uniforms
+    want = _slow_sign_vote_sum(g, topk)
+    np.testing.assert_array_equal(votes.numpy(), want)
+    result = agg.release(votes, noise=tf.zeros(shape[1:], tf.float32))
+    # Released as sum / k in float32 (no threshold: values other than -1, 0, 1 occur).
+    np.testing.assert_array_equal(result.update.numpy(),
+                                  want.astype(np.float32) / np.float32(topk))
+    assert result.pass_fraction == pytest.approx(np.mean(want != 0), abs=1e-6)
+
+
+def test_no_threshold_sign_release_adds_sigma_times_the_noise_then_divides_by_k():
+    """sigma = 3, k = 4, the noise injected: update = (v + 3 n) / 4, whatever beta."""
+    for thresh in (0.0, 0.9):
+        agg = topagg.TopAgg(TopAggConfig(topk=4, sigma=3.0, thresh=thresh,
+                                         method=NO_THRESH_SIGN), num_teachers=5)
+        result = agg.release(tf.constant([[5, -3, 0, 1]]),
+                             noise=tf.constant([[0.5, -1.0, 2.0, 0.0]]))
+        np.testing.assert_array_equal(result.update.numpy(), [[1.625, -1.5, 1.5, 0.25]])
+        assert result.event.noise_multiplier == pytest.approx(3.0 / (2 * 2.0))   # one query
+
+
+def test_no_threshold_sign_votes_like_the_thresholded_deterministic_sign():
+    """The same votes as TOPK_SIGN (only the release differs), through the default
+    backend (the custom op when it loads)."""
+    g = _grads("normal", (3, 4, 60), seed=17)
+    sums = [topagg.TopAgg(TopAggConfig(topk=9, sigma=1.0, method=method),
+                          num_teachers=3).vote_sum(tf.constant(g)).numpy()
+            for method in (SIGN, NO_THRESH_SIGN)]
+    np.testing.assert_array_equal(sums[0], sums[1])
+    np.testing.assert_array_equal(sums[1], _slow_sign_vote_sum(g, 9))

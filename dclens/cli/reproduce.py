@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints (default 10; a 4000-teacher checkpoint is ~27 GB, so paper-scale runs "
         "may want 25)")
     add("--aggregation", help="an analysis row: aggregation instead of the paper's "
-        "topk_stochastic_sign (no_topk, topk_sign, no_threshold, klevel, fetchsgd)")
+        "topk_stochastic_sign (no_topk, topk_sign, no_threshold, no_threshold_sign, klevel, "
+        "fetchsgd)")
     add("--thresh", type=float, help="an analysis row: beta instead of the paper's")
     add("--topk", type=int, help="an analysis row: top-k instead of the paper's")
     add("--sigma_scale", type=float, help="the paper's sigma times this factor in (0, 1], "

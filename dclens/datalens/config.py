@@ -95,6 +95,13 @@ class Aggregation(enum.Enum):
     #: sum divided by k (authors' ``--signsgd_nothresh``).  Sensitivity 2 sqrt(k).  (The
     #: paper's Table 7 "- threshold" column equals its beta = 0 column: ``thresh=0``.)
     NO_THRESHOLD = "no_threshold"
+    #: Top-k *deterministic* sign without the threshold (authors' ``--signsgd_nothresh``
+    #: without ``--stochastic``, their ``signsgd_aggregate_no_thresh(stochastic=False)``):
+    #: on its k largest |g| a teacher votes +1 where g >= 0, else -1 (an exactly-zero
+    #: coordinate inside the top-k votes +1, theirs 0: docs/authors.md difference 6); the
+    #: released update is (vote sum + N(0, sigma^2 I_D)) / k.  Sensitivity 2 sqrt(k): every
+    #: teacher casts exactly k votes of +-1, all of which one record's teacher can flip.
+    NO_THRESHOLD_SIGN = "no_threshold_sign"
     #: D2P-Fed (paper Alg. 5-6; authors' ``--klevelsgd --klevel L``): every coordinate
     #: stochastically quantised to L levels {-L/2, ..., L/2 - 1} over [-c, c], no top-k;
     #: summed, noised, thresholded.  Sensitivity (L - 1) sqrt(D).  The paper's random
@@ -123,7 +130,13 @@ class SketchAccounting(enum.Enum):
 
 #: Methods whose teachers vote on their top-k coordinates only.
 TOPK_METHODS = frozenset({Aggregation.TOPK_STOCHASTIC_SIGN, Aggregation.TOPK_SIGN,
-                          Aggregation.NO_THRESHOLD})
+                          Aggregation.NO_THRESHOLD, Aggregation.NO_THRESHOLD_SIGN})
+
+#: Methods whose teachers vote the deterministic sign of their top-k (no random draws).
+DETERMINISTIC_SIGN_METHODS = frozenset({Aggregation.TOPK_SIGN, Aggregation.NO_THRESHOLD_SIGN})
+
+#: Methods that release the noisy vote sum divided by k instead of thresholding it.
+UNTHRESHOLDED_METHODS = frozenset({Aggregation.NO_THRESHOLD, Aggregation.NO_THRESHOLD_SIGN})
 
 
 def _require(condition: bool, message: str) -> None:
@@ -141,7 +154,8 @@ class TopAggConfig:
         summed votes.  One TopAgg call is a Gaussian mechanism with L2 sensitivity
         2*sqrt(k), i.e. noise multiplier sigma / (2*sqrt(k)).
       thresh: beta in the paper; a coordinate's aggregate is +1 where the noisy vote sum is
-        >= beta*N, -1 where it is <= -beta*N, else 0 (N = number of teachers).
+        >= beta*N, -1 where it is <= -beta*N, else 0 (N = number of teachers); unused by
+        :data:`UNTHRESHOLDED_METHODS`, which release the noisy sum / k.
       max_grad: c, the clip bound applied to gradient coordinates before L-inf
         normalisation (1e-5 in every paper run).
       method: see :class:`Aggregation`.

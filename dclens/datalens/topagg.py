@@ -32,7 +32,8 @@ both give identical vote sums.  Noise and thresholding are always TF.
 The paper's ablations and comparisons are other values of
 :class:`dclens.datalens.config.Aggregation`, run by the same :class:`TopAgg` object: the
 deterministic sign; the stochastic sign on all D coordinates (no top-k, sensitivity
-2 sqrt(D)); no threshold (the noisy sum / k is released); D2P-Fed's L-level stochastic
+2 sqrt(D)); no threshold, with the stochastic or the deterministic sign (the noisy sum / k
+is released, sensitivity 2 sqrt(k)); D2P-Fed's L-level stochastic
 quantisation (:func:`klevel_sum`, sensitivity (L - 1) sqrt(D)); FetchSGD's count sketch
 of the top-k votes (noise on the sketch, sensitivity from its public hashes,
 :mod:`dclens.datalens.sketch`).  Each charges the Gaussian mechanism of its own sensitivity
@@ -50,7 +51,9 @@ import tensorflow as tf
 
 from dclens.privacy import accounting
 from dclens.datalens import vote_op
-from dclens.datalens.config import TOPK_METHODS, Aggregation, SketchAccounting, TopAggConfig
+from dclens.datalens.config import (DETERMINISTIC_SIGN_METHODS, TOPK_METHODS,
+                                    UNTHRESHOLDED_METHODS, Aggregation, SketchAccounting,
+                                    TopAggConfig)
 from dclens.datalens.sketch import CountSketch
 from dclens.datalens.vote_op import Backend
 
@@ -274,11 +277,14 @@ class TopAggResult:
     """What one TopAgg round releases, and what it cost.
 
     Attributes:
-      update: float32 [B, D] in {-1, 0, +1}: the thresholded noisy vote (g_bar).
+      update: float32 [B, D]: the thresholded noisy vote (g_bar) in {-1, 0, +1}; for the
+        methods without threshold (:data:`dclens.datalens.config.UNTHRESHOLDED_METHODS`)
+        the noisy vote sum / k, real-valued.
       event: the DP event spent (B Gaussian mechanisms with noise multiplier
         sigma / (2 sqrt(k))), or ``NonPrivateDpEvent`` when sigma = 0.
       queries: B, the number of TopAgg queries (fake images) in the round.
-      pass_fraction: fraction of coordinates whose noisy vote passed the threshold.
+      pass_fraction: fraction of coordinates whose noisy vote passed the threshold (the
+        fraction of non-zero coordinates; 1 without threshold, but for exact zeros).
     """
 
     update: tf.Tensor
@@ -346,9 +352,9 @@ class TopAgg:
     def uniform_count(self, dim: int) -> int:
         """Uniform draws per teacher and image: k (top-k order) for the top-k stochastic
         sign, D for the stochastic sign on all coordinates (top-k order) and for k-level
-        quantisation (coordinate order), 0 for the deterministic sign."""
+        quantisation (coordinate order), 0 for the deterministic sign (thresholded or not)."""
         method = self.config.method
-        if method is Aggregation.TOPK_SIGN:
+        if method in DETERMINISTIC_SIGN_METHODS:
             return 0
         if method in TOPK_METHODS or method is Aggregation.FETCHSGD:
             return self.config.topk
@@ -395,7 +401,7 @@ class TopAgg:
                 grads = tf.linalg.matmul(clipped, self.rotation, transpose_b=True)
             return klevel_sum(grads, uniforms, levels=self.config.klevel,
                               bound=self.config.max_grad)
-        if method is Aggregation.TOPK_SIGN:
+        if method in DETERMINISTIC_SIGN_METHODS:     # with or without threshold
             return summed_votes(grads, None, topk=self.config.topk,
                                 max_grad=self.config.max_grad, method=Aggregation.TOPK_SIGN,
                                 backend=Backend.AUTO)
@@ -414,7 +420,9 @@ class TopAgg:
 
     def release(self, vote_sum: tf.Tensor, *, seed: tf.Tensor | None = None,
                 noise: tf.Tensor | None = None) -> TopAggResult:
-        """Adds N(0, sigma^2) to every coordinate of the vote sum [B, D] and thresholds.
+        """Adds N(0, sigma^2) to every coordinate of the vote sum [B, D] and thresholds
+        (or, for :data:`dclens.datalens.config.UNTHRESHOLDED_METHODS`, divides by k: the
+        update is (vote sum + noise) / k, post-processing of the Gaussian mechanism).
 
         The noise is sigma times standard normal draws: those of the stateless ``seed``, or
         ``noise`` (float32, the vote sum's shape) when given -- only for replaying another
@@ -435,7 +443,7 @@ class TopAgg:
                                  f"sketch's for FetchSGD), got {tuple(noise.shape)}")
         if self.sketch is not None:
             update = self._fetchsgd_release(vote_sum, noise)
-        elif self.config.method is Aggregation.NO_THRESHOLD:
+        elif self.config.method in UNTHRESHOLDED_METHODS:
             noisy = vote_sum + self.config.sigma * noise
             update = noisy / float(self.config.topk)      # post-processing, as the authors'
         else:
