@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from dclens import data
+from dclens.datalens.config import Aggregation
 from dclens.parity import compare, side_by_side, tf1_compat
 
 AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "authors-datalens"
@@ -35,9 +36,12 @@ TINY = dict(teachers=2, records=10, steps=3, topk=20, sigma=10.0, thresh=0.3, d_
 
 
 @needs_authors
-@pytest.mark.parametrize("stochastic", [True, False], ids=["stochastic", "deterministic"])
-def test_dclens_agrees_with_the_authors_code_step_by_step(stochastic):
-    config = side_by_side.SideBySideConfig(stochastic=stochastic, **TINY)
+@pytest.mark.parametrize("stochastic, threshold", [
+    (True, True), (False, True),      # their --signsgd (--stochastic)
+    (True, False), (False, False),    # their --signsgd_nothresh (--stochastic)
+], ids=["stochastic", "deterministic", "stochastic-nothreshold", "deterministic-nothreshold"])
+def test_dclens_agrees_with_the_authors_code_step_by_step(stochastic, threshold):
+    config = side_by_side.SideBySideConfig(stochastic=stochastic, threshold=threshold, **TINY)
     report = side_by_side.run_side_by_side(config, AUTHORS, log=lambda line: None)
     failed = {row["step"]: [c for c, ok in row["checks"].items() if not ok]
               for row in report["steps"] if not row["agree"]}
@@ -48,6 +52,14 @@ def test_dclens_agrees_with_the_authors_code_step_by_step(stochastic):
         assert row["vote_sum_abs_total"] > 0
         assert row["same_inputs"]["vote_sum_mismatches"] == 0
         assert row["epsilon"]["rel"] < 1e-9
+        update = row["same_inputs"]["noisy_update"]
+        if threshold:
+            assert update["max_abs"] == 0
+        else:
+            # The noisy vote sum / k: real-valued (not the thresholded {-1, 0, 1}), equal
+            # up to float32 round-off.
+            assert row["noisy_update_passed"] == 1.0
+            assert update["max_rel"] <= compare.TOLERANCES["noisy_update_unthresholded"]
 
 
 @needs_authors
@@ -160,3 +172,35 @@ def test_vote_differences_are_explained_only_by_near_ties():
                                                    their_votes, 4)
     assert result == {"pairs_with_different_topk": 0, "vote_sum_mismatches": 1,
                       "vote_sum_mismatches_unexplained": 1}
+
+
+def test_unthresholded_updates_are_held_to_float32_round_off_only():
+    """The update without threshold (noisy vote sum / k) is compared with a tolerance
+    relative to the step's largest |update|: float32 round-off of the float64 values
+    passes, a change of 1e-4 of the largest value does not; the thresholded update must be
+    equal."""
+    rng = np.random.default_rng(0)
+    theirs = rng.standard_normal((3, 50)) * 2.0          # float64, like their update
+    ours = theirs.astype(np.float32)                     # dclens' float32
+    assert not compare.update_mismatch(ours, theirs, threshold=False).any()
+    changed = ours.astype(np.float64)
+    changed[1, 7] += 1e-4 * np.max(np.abs(theirs))
+    assert compare.update_mismatch(changed, theirs, threshold=False).sum() == 1
+    signs = np.sign(theirs)
+    assert not compare.update_mismatch(signs.astype(np.float32), signs, threshold=True).any()
+    flipped = signs.copy()
+    flipped[0, 0] = -flipped[0, 0]
+    assert compare.update_mismatch(flipped, signs, threshold=True).sum() == 1
+
+
+def test_the_configuration_maps_threshold_and_sign_to_the_aggregation():
+    want = {(True, True): Aggregation.TOPK_STOCHASTIC_SIGN,
+            (False, True): Aggregation.TOPK_SIGN,
+            (True, False): Aggregation.NO_THRESHOLD,
+            (False, False): Aggregation.NO_THRESHOLD_SIGN}
+    for (stochastic, threshold), method in want.items():
+        config = side_by_side.SideBySideConfig(stochastic=stochastic, threshold=threshold)
+        assert config.method is method
+        assert config.dclens_config().topagg.method is method
+    with pytest.raises(side_by_side.SideBySideError, match="threshold must be True or False"):
+        side_by_side.SideBySideConfig(threshold="no")

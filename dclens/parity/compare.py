@@ -27,7 +27,11 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 #:   gradients are compared on the same (their trained) teacher weights -- the run's own
 #:   image gradients inherit the training's round-off and are reported beside them;
 #: * votes from the same gradients and uniforms, and the noisy update from the same vote
-#:   sums and noise, must be equal;
+#:   sums and noise, must be equal -- except the update without threshold (the authors'
+#:   ``--signsgd_nothresh``: the noisy vote sum / k, real-valued), which dclens computes in
+#:   float32 and theirs in float64: held to ``noisy_update_unthresholded``, relative to the
+#:   largest |update| of the step (float32's unit round-off is 6e-8, and the sum, the
+#:   product sigma x noise and the division by k round once each);
 #: * weights, in units of Adam's reach in the step (learning_rate x Adam steps, about the
 #:   farthest Adam moves a weight): Adam's first steps from a zero state are close to sign
 #:   steps, so the few coordinates whose gradient is mostly round-off (near-cancelling
@@ -49,7 +53,19 @@ TOLERANCES = {
     "adam_outlier_fraction": 0.02,
     "adam_max": 2.0,
     "epsilon": 1e-9,
+    "noisy_update_unthresholded": 1e-6,
 }
+
+
+def update_mismatch(ours: np.ndarray, theirs: np.ndarray, threshold: bool) -> np.ndarray:
+    """Where two released updates differ: any difference for the thresholded {-1, 0, 1}
+    update; for the noisy sum / k (no threshold), a difference beyond
+    ``noisy_update_unthresholded`` x max |theirs| (float32 against float64 round-off)."""
+    if threshold:
+        return ours != theirs
+    scale = float(np.max(np.abs(theirs))) if theirs.size else 0.0
+    return (np.abs(np.asarray(ours, np.float64) - theirs)
+            > TOLERANCES["noisy_update_unthresholded"] * scale)
 
 
 def difference(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
@@ -111,11 +127,15 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
     their_grads = np.stack(theirs.image_gradients, axis=1).reshape(ours.image_gradients.shape)
     their_votes = np.rint(np.stack(theirs.vote_sums)).astype(np.int64).reshape(
         ours.vote_sum.shape)
-    their_update = np.rint(np.stack(theirs.updates) / config.learning_rate).reshape(
+    # Their update is learning_rate x the thresholded sign (rounded back to {-1, 0, 1}),
+    # or, without threshold, learning_rate x the noisy vote sum / k.
+    their_update = (np.stack(theirs.updates) / config.learning_rate).reshape(
         ours.noisy_update.shape)
+    if config.threshold:
+        their_update = np.rint(their_update)
     votes = explain_vote_differences(ours.image_gradients, their_grads, ours.vote_sum,
                                      their_votes, config.topk)
-    update_mismatch = ours.noisy_update != their_update
+    mismatch = update_mismatch(ours.noisy_update, their_update, config.threshold)
     vote_mismatch = ours.vote_sum != their_votes
     epsilon_rel = abs(ours.epsilon - theirs.epsilon) / theirs.epsilon
 
@@ -135,8 +155,9 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
     same_input = {
         "image_gradients": difference(ours.image_gradients_their_weights, their_grads),
         "vote_sum_mismatches": int(np.sum(ours.vote_sum_their_gradients != their_votes)),
-        "noisy_update_mismatches": int(np.sum(ours.noisy_update_their_votes
-                                              != their_update)),
+        "noisy_update_mismatches": int(np.sum(update_mismatch(
+            ours.noisy_update_their_votes, their_update, config.threshold))),
+        "noisy_update": difference(ours.noisy_update_their_votes, their_update),
     }
     row = {
         "step": index,
@@ -150,13 +171,16 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
         "image_gradients": difference(ours.image_gradients, their_grads),
         "votes": votes,
         "vote_sum_abs_total": int(np.abs(their_votes).sum()),
-        "noisy_update_mismatches": int(update_mismatch.sum()),
-        "noisy_update_passed": float(np.mean(np.abs(ours.noisy_update))),
+        "noisy_update_mismatches": int(mismatch.sum()),
+        "noisy_update_difference": difference(ours.noisy_update, their_update),
+        # The fraction of non-zero update coordinates (all, without threshold).
+        "noisy_update_passed": (float(np.mean(np.abs(ours.noisy_update))) if config.threshold
+                                else float(np.mean(ours.noisy_update != 0))),
         "generator_weights": generator,
         "generator_movement": movement(ours.generator_weights, theirs.generator_weights, 1),
         "epsilon": {"ours": ours.epsilon, "theirs": theirs.epsilon, "rel": epsilon_rel},
     }
-    same_update = not update_mismatch.any()
+    same_update = not mismatch.any()
     row["checks"] = {
         "teacher_loss": row["teacher_loss"]["max_rel"] <= TOLERANCES["teacher_loss"],
         "teacher_weights": within(row["teacher_movement"]),
@@ -166,7 +190,7 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
         "noisy_update_same_votes": same_input["noisy_update_mismatches"] == 0,
         "votes": votes["vote_sum_mismatches_unexplained"] == 0,
         # The same noise on the same sums: an update may differ only where the sums do.
-        "noisy_update": not (update_mismatch & ~vote_mismatch).any(),
+        "noisy_update": not (mismatch & ~vote_mismatch).any(),
         # With different updates the generators legitimately differ; compared otherwise.
         "generator_weights": within(row["generator_movement"]) if same_update else True,
         "epsilon": epsilon_rel <= TOLERANCES["epsilon"],

@@ -23,6 +23,12 @@ class SideBySideConfig:
     ``records`` per teacher; the batch is min(batch_size, records) and every generator step
     takes the next batch of each partition (with records <= batch_size, one step per epoch,
     so ``steps`` >= 2 covers the pretrain epoch and ordinary epochs).
+
+    ``stochastic`` and ``threshold`` choose the aggregation (:attr:`method`): with
+    ``threshold`` the authors' ``--signsgd`` (their ``signsgd_aggregate``: the noisy vote
+    sum thresholded at +-thresh x teachers), without it their ``--signsgd_nothresh``
+    (``signsgd_aggregate_no_thresh``: the noisy vote sum / topk, ``thresh`` unused); the
+    sign is stochastic or deterministic as their ``--stochastic`` says.
     """
 
     teachers: int = 4
@@ -36,6 +42,7 @@ class SideBySideConfig:
     pretrain_teacher: int = 3
     max_grad: float = 1e-5
     stochastic: bool = True
+    threshold: bool = True
     z_dim: int = 10
     learning_rate: float = 1e-3
     beta1: float = 0.5
@@ -58,6 +65,10 @@ class SideBySideConfig:
             raise SideBySideError(f"--topk must be <= 784 (28x28x1), got {self.topk}")
         if not self.sigma > 0:
             raise SideBySideError(f"--sigma must be > 0, got {self.sigma!r}")
+        for name in ("stochastic", "threshold"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise SideBySideError(f"{name} must be True or False, got {value!r}")
 
     @property
     def batch(self) -> int:
@@ -71,9 +82,17 @@ class SideBySideConfig:
     def epochs(self) -> int:
         return math.ceil(self.steps / self.steps_per_epoch)
 
+    @property
+    def method(self) -> Aggregation:
+        """dclens' aggregation for the authors' ``--stochastic`` and ``--signsgd`` (with
+        ``threshold``) or ``--signsgd_nothresh`` (without)."""
+        if self.threshold:
+            return (Aggregation.TOPK_STOCHASTIC_SIGN if self.stochastic
+                    else Aggregation.TOPK_SIGN)
+        return Aggregation.NO_THRESHOLD if self.stochastic else Aggregation.NO_THRESHOLD_SIGN
+
     def dclens_config(self) -> DataLensConfig:
-        method = (Aggregation.TOPK_STOCHASTIC_SIGN if self.stochastic
-                  else Aggregation.TOPK_SIGN)
+        method = self.method
         return DataLensConfig(
             train=TrainConfig(dataset="fashion_mnist", num_teachers=self.teachers,
                               batch_size=self.batch_size, epochs=self.epochs,

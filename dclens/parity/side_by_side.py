@@ -29,9 +29,10 @@ Compared after every generator step (their values are read at the same points of
 loop: after the teachers' ``save_d``, in ``aggregate_results``, after the generator's
 optimizer step): each teacher's discriminator loss on its batch after its updates, every
 teacher weight, the image gradients, the vote sums (their value is the mean their
-``np.random.normal`` receives), the noisy thresholded update, every generator weight and
-epsilon (their ``compute_eps_from_delta`` over their RDP counter vs our ledger, classic
-conversion).  :data:`dclens.parity.compare.TOLERANCES` states the float32 tolerances; the report says for every
+``np.random.normal`` receives), the noisy update (thresholded; or, with
+``threshold=False``, their ``--signsgd_nothresh``: the noisy vote sum / k), every
+generator weight and epsilon (their ``compute_eps_from_delta`` over their RDP counter vs
+our ledger, classic conversion).  :data:`dclens.parity.compare.TOLERANCES` states the float32 tolerances; the report says for every
 quantity whether it is within them.
 
 The pieces: :mod:`dclens.parity.config` (the shared configuration and data subset),
@@ -92,7 +93,8 @@ def run_side_by_side(config: SideBySideConfig, authors_repo: str | os.PathLike, 
         their_log = io.StringIO()
         log(f"side by side: {config.teachers} teachers x {config.records} records, "
             f"{config.steps} steps, k={config.topk}, sigma={config.sigma}, "
-            f"beta={config.thresh}, stochastic={config.stochastic}")
+            f"beta={config.thresh}, stochastic={config.stochastic}, "
+            f"threshold={config.threshold} ({config.method.value})")
         log("running the authors' train_together ...")
         theirs = run_authors(code, config, images, one_hot, lens, workdir, their_log)
         if len(theirs) < config.steps:
