@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ BAD_FLAGS = [
     (["--step_size", "1e-4"], ["--step_size", "not implemented"]),
     (["--nowgan"], ["--wgan", "not implemented"]),
     (["--pretrain"], ["--pretrain", "not implemented"]),
-    (["--nosignsgd"], ["--nosignsgd"]),
+    (["--nosignsgd"], ["--nosignsgd", "G-PATE"]),
     (["--signsgd=false"], ["--nosignsgd"]),
     (["--train=maybe"], ["--train", "'maybe'"]),
     (["--topk", "ten"], ["--topk", "'ten'"]),
@@ -359,6 +360,21 @@ def test_dataset_celeba_is_celeba_gender_with_a_note(capsys):
     (("--aggregation", "no_topk"), "no_topk", 4),
     (("--sketchsgd",), "fetchsgd", 4),
     (("--dataset", "fashion_mnist", "--signsgd", "--nostochastic"), "topk_sign", 4),
+    # The deterministic sign without threshold: the authors' signsgd_aggregate_no_thresh
+    # with their default --nostochastic, also under explicit --nostochastic and --nosignsgd
+    # (their default: their dispatch reaches --signsgd_nothresh only with --signsgd off).
+    (("--dataset", "fashion_mnist", "--signsgd_nothresh"), "no_threshold_sign", 4),
+    (("--signsgd_nothresh", "--nostochastic"), "no_threshold_sign", 4),
+    (("--dataset", "fashion_mnist", "--nosignsgd", "--signsgd_nothresh", "--stochastic"),
+     "no_threshold", 4),
+    (("--nosignsgd", "--klevelsgd"), "klevel", 4),
+    # --signsgd_dept is their thresholded sign too (with the bound spent; dclens records
+    # it only): deterministic unless --stochastic, as theirs.
+    (("--dataset", "fashion_mnist", "--signsgd_dept"), "topk_sign", 4),
+    (("--dataset", "fashion_mnist", "--signsgd_dept", "--stochastic"), "topk_stochastic_sign",
+     4),
+    # A preset with the stochastic sign keeps it when --stochastic is not given.
+    (("--preset", "fashion_mnist-eps1", "--signsgd_nothresh"), "no_threshold", 4),
 ])
 def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method, klevel):
     _, config, _, _ = resolve(*flags)
@@ -367,13 +383,30 @@ def test_the_authors_ablation_flags_map_onto_the_aggregation_enum(flags, method,
 
 
 @pytest.mark.parametrize("flags, message", [
-    (("--dataset", "fashion_mnist", "--signsgd_nothresh"), "add --stochastic"),
     (("--klevelsgd", "--aggregation", "no_topk"), "name different aggregations"),
     (("--sketchsgd", "--klevelsgd"), "name different aggregations"),
+    # The authors' dispatch runs --signsgd's thresholded sign and ignores the other flag.
+    (("--signsgd", "--signsgd_nothresh"), "runs --signsgd's .* ignores --signsgd_nothresh"),
+    (("--dataset", "fashion_mnist", "--signsgd", "--klevelsgd"), "ignores --klevelsgd"),
+    (("--signsgd", "--sketchsgd"), "ignores --sketchsgd"),
+    # Alone, --nosignsgd is the authors' G-PATE gradient voting, not implemented.
+    (("--nosignsgd", "--aggregation", "klevel"), "G-PATE"),
+    (("--nosignsgd", "--signsgd_dept"), "spends the data-dependent bound"),
 ])
 def test_conflicting_or_missing_aggregations_are_refused(flags, message):
     with pytest.raises(cli.CliError, match=message):
         resolve(*flags)
+
+
+def test_every_refused_authors_flag_is_listed_with_its_reason_in_the_docs():
+    """docs/authors.md lists every flag of the authors' main.py that dclens refuses by
+    name, in its table of refused flag combinations."""
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "authors.md").read_text()
+    start = page.index("### Flag combinations dclens refuses")
+    table = page[start:page.index("\n## ", start)]
+    missing = [name for name in [*cli.UNSUPPORTED_AUTHORS_FLAGS, "pretrain", "nosignsgd"]
+               if not re.search(rf"[` ]--{name}[ `]", table)]
+    assert not missing, missing
 
 
 def test_save_vote_flags():

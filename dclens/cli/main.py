@@ -147,10 +147,13 @@ BOOLEAN_HELP = {
              "generator in --checkpoint_dir)",
     "stochastic": "stochastic sign of the top-k coordinates (paper Alg. 2); --nostochastic: "
                   "deterministic sign",
-    "signsgd": "top-k sign voting (the paper's TopAgg; --nosignsgd is refused: name another "
-               "aggregation with --aggregation, --signsgd_nothresh or --klevelsgd)",
-    "signsgd_nothresh": "top-k stochastic sign without the threshold: the noisy vote sum / "
-                        "k is released (= --aggregation no_threshold; needs --stochastic)",
+    "signsgd": "top-k sign voting (the paper's TopAgg); not with --signsgd_nothresh, "
+               "--sketchsgd or --klevelsgd (the authors' code would ignore those); "
+               "--nosignsgd only with one of them (alone it is refused: the authors' code "
+               "then runs G-PATE's gradient voting, not implemented)",
+    "signsgd_nothresh": "top-k sign without the threshold: the noisy vote sum / k is "
+                        "released (with --stochastic = --aggregation no_threshold; without "
+                        "it, the deterministic sign = --aggregation no_threshold_sign)",
     "sketchsgd": "FetchSGD: the top-k stochastic signs summed in a count sketch, unsketched, "
                  "top-k, thresholded (= --aggregation fetchsgd; noise on the sketch unless "
                  "--sketch_accounting authors_unproven)",
@@ -260,7 +263,8 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--aggregation", choices=[a.value for a in cfg.Aggregation],
         help="how the teachers' gradients are aggregated (dclens/datalens/config.py Aggregation): the "
         "paper's topk_stochastic_sign, or a variant of its ablations: topk_sign, no_topk, "
-        "no_threshold, klevel (D2P-Fed); each charges its own sensitivity")
+        "no_threshold, no_threshold_sign, klevel (D2P-Fed), fetchsgd; each charges its own "
+        "sensitivity")
     add("--sketch_accounting", choices=[a.value for a in cfg.SketchAccounting],
         help="FetchSGD's noise and charge: proven (noise on the count sketch, its computed "
         "sensitivity) or authors_unproven (the authors' 2 sqrt(k) after unsketching: NOT a "
@@ -347,14 +351,33 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
             raise CliError(f"--batch_teachers and --teachers_batch must be >= 1, got "
                            f"{per_batch} and {batches}")
         train["num_teachers"] = per_batch * batches
-    if args.signsgd is False:
-        raise CliError("--nosignsgd: dclens implements only the paper's top-k sign voting "
-                       "(--signsgd, with --stochastic for the stochastic sign)")
+    # The authors' aggregate_results dispatches on --signsgd before --signsgd_nothresh,
+    # --sketchsgd and --klevelsgd, and without any of them runs G-PATE's gradient voting.
+    authors_named = [flag for flag in ("signsgd_nothresh", "sketchsgd", "klevelsgd")
+                     if getattr(args, flag)]
+    if args.signsgd is False and not authors_named and args.signsgd_dept:
+        raise CliError("--nosignsgd --signsgd_dept: the authors' code then runs the "
+                       "thresholded top-k sign and spends the data-dependent bound, which "
+                       "dclens never spends; drop --nosignsgd (--signsgd_dept then records "
+                       "the bound beside the thresholded sign)")
+    if args.signsgd is False and not authors_named:
+        raise CliError("--nosignsgd without --signsgd_nothresh, --sketchsgd or --klevelsgd: "
+                       "the authors' code then aggregates by G-PATE's gradient voting "
+                       "(random projection, histogram votes per coordinate, thresholded "
+                       "GNMax), which dclens does not implement; drop --nosignsgd for the "
+                       "paper's top-k sign voting (--signsgd, with --stochastic for the "
+                       "stochastic sign), or name one of those aggregations")
+    if args.signsgd and authors_named:
+        raise CliError(f"--signsgd and --{authors_named[0]} name different aggregations: the "
+                       f"authors' code runs --signsgd's (the thresholded top-k sign) and "
+                       f"ignores --{authors_named[0]}; give one")
     if args.stochastic is not None:
         topagg["method"] = (cfg.Aggregation.TOPK_STOCHASTIC_SIGN if args.stochastic
                             else cfg.Aggregation.TOPK_SIGN)
-    elif args.signsgd and preset_name == "authors":
-        topagg["method"] = cfg.Aggregation.TOPK_SIGN   # --signsgd without --stochastic
+    elif (args.signsgd or args.signsgd_dept) and preset_name == "authors":
+        # --signsgd (or their --signsgd_dept, the same thresholded sign) without
+        # --stochastic: their default, the deterministic sign.
+        topagg["method"] = cfg.Aggregation.TOPK_SIGN
     named = [flag for flag in ("aggregation", "signsgd_nothresh", "klevelsgd", "sketchsgd")
              if getattr(args, flag)]
     if len(named) > 1:
@@ -362,10 +385,12 @@ def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, st
     if args.aggregation is not None:
         topagg["method"] = cfg.Aggregation(args.aggregation)
     elif args.signsgd_nothresh:
-        if args.stochastic is False or (args.stochastic is None and preset_name == "authors"):
-            raise CliError("--signsgd_nothresh without --stochastic (the deterministic sign "
-                           "without threshold) is not implemented; add --stochastic")
-        topagg["method"] = cfg.Aggregation.NO_THRESHOLD
+        # The sign follows --stochastic; not given, the preset's (the authors' default is
+        # the deterministic sign: their signsgd_aggregate_no_thresh(stochastic=False)).
+        deterministic = (args.stochastic is False
+                         or (args.stochastic is None and preset_name == "authors"))
+        topagg["method"] = (cfg.Aggregation.NO_THRESHOLD_SIGN if deterministic
+                            else cfg.Aggregation.NO_THRESHOLD)
     elif args.klevelsgd:
         topagg["method"] = cfg.Aggregation.KLEVEL
     elif args.sketchsgd:
