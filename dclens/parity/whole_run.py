@@ -300,6 +300,23 @@ class _TheirHooks:
             np.random.uniform = original
 
 
+def their_session_config() -> tf.compat.v1.ConfigProto:
+    """Their session without grappler's graph rewrites.
+
+    Their graph holds every teacher (T discriminators, each with its own optimizer, loss
+    and image-gradient ops), and their loop fetches a different set of ops for each
+    teacher: about 4T distinct ``session.run`` signatures, each of which makes TensorFlow
+    optimise the whole graph once with grappler.  At 200 teachers that first step had not
+    finished after 35 minutes on a 2-core CPU (mostly in ``MetaOptimizer::OptimizeGraph``).
+    Without grappler their graph runs the ops it defines, in its order: the same
+    computation, without the rewrites (fusions, constant folding) that may change float32
+    round-off.  Their own ``main.py`` sets only GPU memory growth.
+    """
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
 def run_authors_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int,
                       out_dir: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """One whole run of the authors' ``train_together``; writes ``out_dir``'s samples and
@@ -322,7 +339,7 @@ def run_authors_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int
         graph = tf.Graph()
         with graph.as_default(), contextlib.redirect_stdout(observations):
             tf.compat.v1.set_random_seed(seed)
-            session = tf.compat.v1.Session(graph=graph)
+            session = tf.compat.v1.Session(graph=graph, config=their_session_config())
             try:
                 dcgan = build_their_dcgan(code, flags, session, workdir,
                                           shared.dataset.images, shared.one_hot)
