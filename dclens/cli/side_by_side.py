@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import shlex
@@ -180,7 +181,8 @@ def run_whole(parser: argparse.ArgumentParser, args: argparse.Namespace,
                                       runs=args.whole_runs, root_seed=args.seed,
                                       evaluation=evaluation, authors=authors)
         tf1_compat.check_repo(args.authors_repo)
-        summary = whole_run_study.run_study(study, data_dir=args.data_dir, phases=phases)
+        summary = whole_run_study.run_study(study, data_dir=args.data_dir, phases=phases,
+                                            log=functools.partial(print, flush=True))
     except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError,
             RunDirError, evaluate.EvaluationError) as error:
         print(f"side_by_side.py: error: {error}", file=sys.stderr)

@@ -198,7 +198,7 @@ class _TheirObservations(io.TextIOBase):
     :meth:`teacher_loss` (the observer's own evaluation) during that step."""
 
     def __init__(self, log_path: str, echo: Callable[[str], None]):
-        self.log = open(log_path, "w")
+        self.log = open(log_path, "w", buffering=1)      # line-buffered: follow it live
         self.echo = echo
         self.buffer = ""
         self.steps: list[dict[str, float]] = []
