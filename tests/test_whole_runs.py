@@ -172,14 +172,14 @@ def test_whole_runs_end_to_end_through_the_tool(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("DCLENS_CACHE", str(tmp_path / "cache"))
     study_dir, results = tmp_path / "study", tmp_path / "results"
-    # Two teachers of 50 records: their budget stop samples 100,000 images in batches of
-    # B = 50 (their code's fixed count), the test's longest part.
+    # Two teachers of 100 records: their budget stop samples 100,000 images in batches of
+    # B = 100 (their code's fixed count), the test's longest part.
     shared = ["--authors_repo", str(AUTHORS), "--whole_runs", "1", "--teachers", "2",
-              "--records", "50", "--batch_size", "50", "--topk", "50", "--sigma", "40",
+              "--records", "100", "--batch_size", "100", "--topk", "50", "--sigma", "40",
               "--thresh", "0.5", "--d_step", "2", "--pretrain_teacher", "3", "--z_dim", "10",
               "--samples", "100", "--smoke", "--study_dir", str(study_dir),
               "--results", str(results)]
-    argv = [*shared, "--max_eps", "36"]
+    argv = [*shared, "--max_eps", "55"]
     assert cli.main(argv) == 0
     runs = {side: json.loads((study_dir / f"{side}-0" / "run.json").read_text())
             for side in whole_run.SIDES}
@@ -209,5 +209,5 @@ def test_whole_runs_end_to_end_through_the_tool(tmp_path, monkeypatch, capsys):
     assert cli.main(argv) == 0
     assert (study_dir / "authors-0" / "run.json").stat().st_mtime_ns == stamp
     # Other settings in the same directory are refused, quoting what differs.
-    assert cli.main([*shared, "--max_eps", "25"]) == 2
+    assert cli.main([*shared, "--max_eps", "45"]) == 2
     assert "differ" in capsys.readouterr().err

@@ -186,7 +186,10 @@ def render(summary: dict, *, command: str, date: str) -> str:
         f"({config['steps']} generator steps), {config['samples']} samples per run. "
         f"Each run has its own seed (root seed {settings['root_seed']}): the authors' "
         "numpy global seed and TF graph seed (their own initialisers), dclens' root seed. "
-        "Both sides draw fresh noise: the epsilons are real and equal.",
+        "Both sides draw fresh noise: the epsilons are real and equal. The teachers' loss "
+        "curve below is a noise-free function of the training records, published here "
+        "because they are the public Fashion-MNIST and this is a parity study; a private "
+        "run keeps it to its own TensorBoard.",
         "",
         "## The comparison",
         "",
