@@ -203,7 +203,13 @@ def test_whole_runs_end_to_end_through_the_tool(tmp_path, monkeypatch, capsys):
     assert runs["authors"]["seed"] != runs["dclens"]["seed"]
     readme = (results / "README.md").read_text()
     assert "1 of 1 runs of the authors' code and 1 of 1 of dclens" in readme
+    assert "No verdict yet" in readme            # one run a side: no interval
     assert (results / "curves.png").stat().st_size > 0
+    for side in whole_run.SIDES:        # each run's evidence, without its samples
+        published = results / "runs" / f"{side}-0"
+        assert json.loads((published / "run.json").read_text()) == runs[side]
+        assert sorted(p.name for p in published.iterdir()) == [
+            "authors_protocol.json", "evaluation.json", "run.json"]
     # Resumed: nothing retrains (the runs' files are untouched), the report is rewritten.
     stamp = (study_dir / "authors-0" / "run.json").stat().st_mtime_ns
     assert cli.main(argv) == 0

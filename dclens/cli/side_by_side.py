@@ -189,7 +189,7 @@ def run_whole(parser: argparse.ArgumentParser, args: argparse.Namespace,
         return 2
     readme = whole_run_report.publish(
         summary, args.results, command=shlex.join(["python", "scripts/side_by_side.py", *argv]),
-        date=datetime.date.today().isoformat())
+        date=datetime.date.today().isoformat(), study_dir=args.study_dir)
     print(f"report: {readme}")
     return 0
 

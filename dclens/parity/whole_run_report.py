@@ -11,6 +11,7 @@ import numpy as np
 
 from dclens.common import export
 from dclens.parity.whole_run import SIDES
+from dclens.parity.whole_run_study import AUTHORS_PROTOCOL_FILE, EVALUATION_FILE, RUN_FILE
 
 #: Accuracy measures the equivalence statement is made for (higher is better).
 ACCURACIES = ("val", "sen", "authors_range1", "label_agreement")
@@ -204,15 +205,43 @@ def render(summary: dict, *, command: str, date: str) -> str:
     elif verdict is False:
         lines += ["**Verdict: they differ** on at least one accuracy measure beyond the "
                   "seed spread (see above).", ""]
+    else:
+        lines += ["**No verdict yet:** a Welch interval needs at least two finished runs a "
+                  "side (five a side make the comparison; run the command again to add "
+                  "them).", ""]
     lines += ["## Per-step curves", "", "![curves](curves.png)", "",
               "Mean +- sd over each side's runs.", "", "## Speed", "", *speed(summary), "",
               "## Every run", "", *per_run_table(summary), ""]
     return "\n".join(lines)
 
 
-def publish(summary: dict, out_dir: str, *, command: str, date: str) -> str:
-    """Writes README.md, summary.json, curves.png into ``out_dir``; returns the README path."""
+def copy_run_reports(study_dir: str, out_dir: str) -> list[str]:
+    """Each finished run's small JSON files (``run.json``, ``evaluation.json``,
+    ``authors_protocol.json``; not its samples) into ``out_dir/runs/<side>-<i>/``, so a
+    published study keeps its evidence when ``runs/`` is lost."""
+    copied = []
+    for folder in sorted(os.listdir(study_dir)):
+        source = os.path.join(study_dir, folder)
+        if not (os.path.isdir(source) and os.path.exists(os.path.join(source, RUN_FILE))):
+            continue
+        for name in (RUN_FILE, EVALUATION_FILE, AUTHORS_PROTOCOL_FILE):
+            if os.path.exists(os.path.join(source, name)):
+                target = os.path.join(out_dir, "runs", folder, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(os.path.join(source, name), "rb") as stream:
+                    payload = stream.read()
+                export.atomic_write(target, lambda out, payload=payload: out.write(payload))
+                copied.append(target)
+    return copied
+
+
+def publish(summary: dict, out_dir: str, *, command: str, date: str,
+            study_dir: str | None = None) -> str:
+    """Writes README.md, summary.json, curves.png (and with ``study_dir`` every finished
+    run's JSON, :func:`copy_run_reports`) into ``out_dir``; returns the README path."""
     os.makedirs(out_dir, exist_ok=True)
+    if study_dir is not None:
+        copy_run_reports(study_dir, out_dir)
     export.write_json(os.path.join(out_dir, "summary.json"), summary)
     plot_curves(summary, os.path.join(out_dir, "curves.png"))
     path = os.path.join(out_dir, "README.md")
