@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dclens import data
 from dclens.common import export, reporting
 from dclens.evaluation import authors_protocol, evaluate
 from dclens.evaluation.synthetic_input import load_synthetic
@@ -119,17 +120,25 @@ def _trained(study: Study) -> list[tuple[str, int, str]]:
             for side in SIDES if _done(os.path.join(study.run_dir(side, index), RUN_FILE))]
 
 
+def _pending(study: Study, name: str, what: str, log: Callable[[str], None]
+             ) -> Iterator[tuple[str, data.LabeledImages, str, str]]:
+    """(run folder, its samples, the file to write) for every trained run without
+    ``name``, announced as ``what``."""
+    for side, index, run_dir in _trained(study):
+        target = os.path.join(run_dir, name)
+        if _done(target):
+            continue
+        log(f"{what} {side} run {index}")
+        synthetic, kind = load_synthetic(os.path.join(run_dir, "samples.npz"), "fashion_mnist")
+        yield run_dir, synthetic, kind, target
+
+
 def evaluate_runs(study: Study, *, data_dir: str | None = None,
                   cache_dir: str | None = None, log: Callable[[str], None] = print) -> None:
     """Phase 2 for every trained run without ``evaluation.json``."""
     test = evaluate.load_test("fashion_mnist", data_dir, limit=study.evaluation.test_limit)
     settings = study.evaluation.replace(authors=None)
-    for side, index, run_dir in _trained(study):
-        target = os.path.join(run_dir, EVALUATION_FILE)
-        if _done(target):
-            continue
-        log(f"evaluating {side} run {index}")
-        synthetic, kind = load_synthetic(os.path.join(run_dir, "samples.npz"), "fashion_mnist")
+    for _, synthetic, kind, target in _pending(study, EVALUATION_FILE, "evaluating", log):
         record = evaluate.evaluate(synthetic, test, settings, data_dir=data_dir,
                                    cache_dir=cache_dir, input_kind=kind, log=log)
         export.write_json(target, record)
@@ -143,12 +152,8 @@ def authors_protocol_runs(study: Study, *, data_dir: str | None = None,
     if study.authors is None:
         return
     test = evaluate.load_test("fashion_mnist", data_dir, limit=study.evaluation.test_limit)
-    for side, index, run_dir in _trained(study):
-        target = os.path.join(run_dir, AUTHORS_PROTOCOL_FILE)
-        if _done(target):
-            continue
-        log(f"the authors' protocol on {side} run {index}")
-        synthetic, _ = load_synthetic(os.path.join(run_dir, "samples.npz"), "fashion_mnist")
+    for run_dir, synthetic, _, target in _pending(study, AUTHORS_PROTOCOL_FILE,
+                                                  "the authors' protocol on", log):
         entry = evaluate.run_authors_protocol(
             synthetic, test, study.authors, seed=study.evaluation.seeds()["init"],
             state_path=os.path.join(run_dir, "authors_protocol_state.npz"), log=log)
