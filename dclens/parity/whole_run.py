@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from dclens import data
-from dclens.common import export, machine, provenance
+from dclens.common import export, machine, provenance, reporting
 from dclens.datalens import config as cfg
 from dclens.datalens.train import DataLens
 from dclens.evaluation import synthetic_input
@@ -360,10 +360,9 @@ def run_authors_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int
                                   f"without reaching max_eps {config.max_eps}")
         pickles = sorted(glob.glob(os.path.join(workdir, "eps-*.data-*.pkl")),
                          key=lambda path: int(path.rsplit("-", 1)[1].split(".")[0]))
-        kept = _their_first_samples(pickles, config.samples, out_dir)
-        theirs = synthetic_input.read_authors_rows(kept, shared.dataset.spec)
-        export.write_samples_npz(os.path.join(out_dir, "samples.npz"),
-                                 theirs.images[:config.samples], theirs.labels[:config.samples])
+        theirs = _their_first_samples(pickles, config.samples, out_dir)
+        export.write_samples_npz(os.path.join(out_dir, "samples.npz"), theirs.images,
+                                 theirs.labels)
     return _record("authors", config, seed, observations.steps, started, built,
                    dcgan_epsilon=[float(e) for e in dcgan.dp_eps_list])
 
@@ -418,26 +417,27 @@ def run_dclens_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int,
 
 
 # --------------------------------------------------------------------------- both
-def _their_first_samples(pickles: list[str], samples: int, out_dir: str) -> list[str]:
-    """Copies their pickles, in order, until they hold ``samples`` rows; their paths in
-    ``out_dir``."""
+def _their_first_samples(pickles: list[str], samples: int, out_dir: str
+                         ) -> data.LabeledImages:
+    """Copies their pickles, in order, into ``out_dir`` until they hold ``samples`` rows;
+    those rows (each file read once)."""
     if not pickles:
         raise SideBySideError("the authors' run stopped by its budget but wrote no pickles")
-    kept, rows = [], 0
+    spec = data.dataset_spec("fashion_mnist")
+    parts, rows = [], 0
     for path in pickles:
         if rows >= samples:
             break
-        target = os.path.join(out_dir, os.path.basename(path))
-        with open(path, "rb") as source:
-            payload = source.read()
-        export.atomic_write(target, lambda stream, payload=payload: stream.write(payload))
-        kept.append(target)
-        rows += len(synthetic_input.read_authors_rows([target], data.dataset_spec(
-            "fashion_mnist")).labels)
+        target = reporting.copy_once(path, os.path.join(out_dir, os.path.basename(path)),
+                                     replace=True)
+        parts.append(synthetic_input.read_authors_rows([target], spec))
+        rows += len(parts[-1].labels)
     if rows < samples:
         raise SideBySideError(f"the authors' pickles hold {rows} samples, fewer than the "
                               f"{samples} asked for")
-    return kept
+    return data.LabeledImages(np.concatenate([p.images for p in parts])[:samples],
+                              np.concatenate([p.labels for p in parts])[:samples], spec,
+                              parts[0].source)
 
 
 def _record(side: str, config: WholeRunConfig, seed: int, steps: list[dict], started: float,

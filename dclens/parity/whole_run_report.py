@@ -9,7 +9,7 @@ import math
 import os
 import numpy as np
 
-from dclens.common import export
+from dclens.common import export, reporting
 from dclens.parity.whole_run import SIDES
 from dclens.parity.whole_run_study import AUTHORS_PROTOCOL_FILE, EVALUATION_FILE, RUN_FILE
 
@@ -226,12 +226,9 @@ def copy_run_reports(study_dir: str, out_dir: str) -> list[str]:
             continue
         for name in (RUN_FILE, EVALUATION_FILE, AUTHORS_PROTOCOL_FILE):
             if os.path.exists(os.path.join(source, name)):
-                target = os.path.join(out_dir, "runs", folder, name)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(os.path.join(source, name), "rb") as stream:
-                    payload = stream.read()
-                export.atomic_write(target, lambda out, payload=payload: out.write(payload))
-                copied.append(target)
+                copied.append(reporting.copy_once(
+                    os.path.join(source, name), os.path.join(out_dir, "runs", folder, name),
+                    replace=True))
     return copied
 
 
