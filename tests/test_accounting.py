@@ -393,7 +393,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_golden_json():
     result = _cli("--sigma", "5000", "--topk", "200", "--queries_per_step", "30",
-                  "--steps", "43", "--delta", "1e-5", "--conversion", "both", "--json")
+                  "--steps", "43", "--delta", "1e-5", "--conversion", "all", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["mode"] == "epsilon"

@@ -87,7 +87,7 @@ def test_budget_stops_before_exceeding(finished_run):
     assert fourth.epsilon > config.budget.max_eps
     ledger = accounting.PrivacyLedger.from_state_dict(privacy["ledger"])
     assert ledger.queries == 3 * QUERIES_PER_STEP
-    assert set(privacy["epsilon_all_conversions"]) == {"classic", "dp_accounting"}
+    assert set(privacy["epsilon_all_conversions"]) == {"classic", "dp_accounting", "pld"}
     assert privacy["reproducible_noise"] is True
     # How the settings were chosen is outside the ledger, and the record says so.
     assert privacy["hyperparameter_selection"] == accounting.HYPERPARAMETER_SELECTION

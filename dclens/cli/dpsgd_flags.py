@@ -19,7 +19,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     common_flags.add_data(parser)
     common_flags.add_budget(parser, default_eps=defaults.target_eps)
     add("--delta", type=float, default=defaults.delta)
-    add("--conversion", choices=("dp_accounting", "classic"), default=defaults.conversion.value)
+    add("--conversion", choices=("dp_accounting", "classic", "pld"),
+        default=defaults.conversion.value,
+        help="(eps, delta) from the ledger: RDP with dp_accounting's or the classic "
+             "conversion, or pld (dp_accounting's PLD accountant, tighter; Poisson "
+             "sampling)")
     add("--batch_size", type=int, default=defaults.batch_size,
         help="expected Poisson batch size B (q = B / n)")
     add("--epochs", type=float, default=defaults.epochs)

@@ -13,8 +13,10 @@ a Gaussian mechanism with noise multiplier sigma / (2 sqrt(topk)). Three modes:
     python scripts/privacy.py --topk 200 --queries_per_step 30 --steps 43 \\
         --target_eps 1 --delta 1e-5
 
-Every result names its RDP -> (epsilon, delta) conversion ("classic": the DataLens
-authors' one; "dp_accounting": tighter). ``--json`` prints one JSON object instead.
+Every result names how it turned the composition into (epsilon, delta) ("classic": RDP with
+the DataLens authors' conversion; "dp_accounting": RDP with a tighter one; "pld": no RDP,
+the exact epsilon of the composed Gaussian mechanism, the tightest). ``--json`` prints one
+JSON object instead.
 
 GS-WGAN (``gswgan`` first): sigma for a budget, or epsilon for a sigma, under both of its
 accountings ("iteration", provable; "per_sample_paper", the released code's, NOT proven):
@@ -49,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generator steps taken (not with --max_eps)")
     parser.add_argument("--delta", type=float, default=1e-5,
                         help="delta of the (epsilon, delta) guarantee (default 1e-5, the authors')")
-    parser.add_argument("--conversion", default="both",
-                        choices=[c.value for c in accounting.Conversion] + ["both"],
-                        help="RDP -> (epsilon, delta) conversion (default: both)")
+    parser.add_argument("--conversion", default="all",
+                        choices=[c.value for c in accounting.Conversion] + ["all", "both"],
+                        help="(epsilon, delta) conversion: classic, dp_accounting, pld, or "
+                             "all of them (default; 'both' is its older name)")
     parser.add_argument("--orders", type=int, default=None,
                         help="use the authors' orders 1.1, 2, ..., ORDERS-1 for every "
                              "conversion (default: classic uses 1.1, 2..199, "
@@ -67,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _orders_label(conversion: accounting.Conversion, max_order: int | None) -> str:
+    if not conversion.uses_rdp:
+        return "exact, no RDP orders"
     if max_order is not None:
         return f"classic_orders({max_order}): 1.1, 2..{max_order - 1}"
     if conversion is accounting.Conversion.CLASSIC:
@@ -98,20 +103,26 @@ def _compute(args: argparse.Namespace, conversion: accounting.Conversion,
             **report.to_dict()}
 
 
+def _where(result: dict[str, Any]) -> str:
+    """"order 7; classic_orders(200): ..." or, without RDP, what was used instead."""
+    if result["order"] is None:
+        return result["orders"]
+    return f"order {result['order']:g}; {result['orders']}"
+
+
 def _describe(mode: str, result: dict[str, Any], args: argparse.Namespace) -> str:
     name = f"{result['conversion']:<13}"
     if mode == "calibrate_sigma":
         return (f"{name}  sigma = {result['sigma']:.6g} "
                 f"(noise multiplier {result['noise_multiplier']:.6g}) gives epsilon = "
                 f"{result['epsilon']:.8f} <= {args.target_eps:g} after {args.steps} steps "
-                f"(order {result['order']:g}; {result['orders']})")
+                f"({_where(result)})")
     if mode == "max_steps":
         return (f"{name}  {result['max_steps']} steps "
                 f"({result['queries']} queries) fit within max_eps = {args.max_eps:g}: "
-                f"epsilon = {result['epsilon']:.8f} (order {result['order']:g}); one more "
-                f"step would give {result['epsilon_next_step']:.8f}  ({result['orders']})")
-    return (f"{name}  epsilon = {result['epsilon']:.8f}  "
-            f"(order {result['order']:g}; {result['orders']})")
+                f"epsilon = {result['epsilon']:.8f}; one more step would give "
+                f"{result['epsilon_next_step']:.8f}  ({_where(result)})")
+    return f"{name}  epsilon = {result['epsilon']:.8f}  ({_where(result)})"
 
 
 def gswgan_main(argv: Sequence[str]) -> int:
@@ -192,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sigma is None or args.steps is None:
             parser.error("give --sigma and --steps (or --max_eps / --target_eps).")
 
-    conversions = (list(accounting.Conversion) if args.conversion == "both"
+    conversions = (list(accounting.Conversion) if args.conversion in ("all", "both")
                    else [accounting.Conversion(args.conversion)])
     try:
         orders = None if args.orders is None else accounting.classic_orders(args.orders)

@@ -77,6 +77,10 @@ class GswganConfig:
         check.enum("accounting", Accounting)
         check.enum("critic_updates", CriticUpdates)
         check.enum("conversion", Conversion)
+        if self.conversion is Conversion.PLD:
+            check.fail("conversion", "GS-WGAN samples one discriminator without replacement "
+                       "(replace-one adjacency), for which dp_accounting has no privacy "
+                       "loss distribution; use 'dp_accounting' (RDP, proven)")
         if self.dataset not in ("mnist", "fashion_mnist"):
             check.fail("dataset", "GS-WGAN's networks are for 28x28x1: mnist or fashion_mnist")
         check.budget()

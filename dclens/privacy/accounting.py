@@ -24,7 +24,7 @@ steps compose adaptively, so after Q queries in total RDP(alpha) = Q * 2 k alpha
 
 RDP -> (epsilon, delta)
 -----------------------
-Two conversions are offered, and every reported epsilon names the one it used
+Two RDP conversions are offered, and every reported epsilon names the one it used
 (:class:`Conversion`):
 
 * ``dp_accounting``: ``dp_accounting.rdp.compute_epsilon`` (Proposition 12 of
@@ -32,6 +32,12 @@ Two conversions are offered, and every reported epsilon names the one it used
 * ``classic``: eps = min_alpha RDP(alpha) + log(1/delta) / (alpha - 1) (Mironov 2017,
   Proposition 3), the conversion the DataLens authors use, over orders
   {1.1, 2, 3, ..., 199} (their ``--orders 200``).
+
+Beside them, ``pld`` uses no RDP: Q Gaussian mechanisms of multiplier z compose into one
+Gaussian mechanism with mu = sqrt(Q) / z, whose exact (epsilon, delta) is the analytic
+Gaussian mechanism's closed form (:mod:`dclens.privacy.exact`).  It is the exact
+guarantee of the released votes, tighter than either conversion, so the same budget allows
+more steps.
 
 The RDP vector itself is always computed by ``dp_accounting.rdp.RdpAccountant`` composing
 the corresponding ``DpEvent``. This module does not import TensorFlow and keeps no global
@@ -45,6 +51,7 @@ from typing import Any, Mapping, Sequence
 
 import dp_accounting
 
+from dclens.privacy import exact
 from dclens.privacy.rdp_ledger import (CLASSIC_ORDERS, DP_ACCOUNTING_ORDERS, Conversion,
                                        EpsilonReport, RdpLedger, Run, check_count, check_int,
                                        check_noise_multiplier, check_positive, classic_orders,
@@ -183,6 +190,10 @@ class PrivacyLedger(RdpLedger):
             dp_accounting.SelfComposedDpEvent(
                 event=dp_accounting.GaussianDpEvent(noise_multiplier=z), count=count)
             for z, count in runs])
+
+    def _pld_epsilon(self, runs: Sequence[Run]) -> float:
+        # Unsampled Gaussians compose into one: the closed form is exact.
+        return exact.gaussian_epsilon(exact.composed_mu(runs), self._delta)
 
     def _spend_state(self, run: Run) -> dict[str, Any]:
         z, count = run

@@ -9,13 +9,16 @@ q1 then q2 bitwise the same as spending q1 + q2.
 
 The RDP vector is computed by ``dp_accounting.rdp.RdpAccountant`` composing the runs'
 ``DpEvent`` under the ledger's neighbouring relation, and converted to (epsilon, delta)
-by one of two conversions (:class:`Conversion`):
+by one of two conversions, or not converted from RDP at all (:class:`Conversion`):
 
 * ``dp_accounting``: ``dp_accounting.rdp.compute_epsilon`` (Proposition 12 of
   arXiv:2004.00010), tighter; default orders are dp_accounting's own.
 * ``classic``: eps = min_alpha RDP(alpha) + log(1/delta) / (alpha - 1) (Mironov 2017,
   Proposition 3), the conversion the DataLens authors use, over orders
   {1.1, 2, 3, ..., 199} (their ``--orders 200``).
+* ``pld``: the privacy loss distribution of the composition, no RDP
+  (:mod:`dclens.privacy.exact`): exact for DataLens' unsampled Gaussians, dp_accounting's
+  pessimistic PLD accountant for Poisson-sampled steps.
 
 A ledger's :meth:`RdpLedger.state_dict` is JSON, and :meth:`RdpLedger.from_state_dict`
 restores the identical epsilon or refuses a malformed or edited state by name.  The
@@ -46,12 +49,23 @@ Run = tuple  # (*key, count)
 
 
 class Conversion(enum.Enum):
-    """RDP -> (epsilon, delta) conversion; every reported epsilon names the one it used."""
+    """How a ledger turns its spends into (epsilon, delta); every reported epsilon names
+    the one it used."""
 
-    #: ``dp_accounting.rdp.compute_epsilon`` (tighter).
+    #: RDP, then ``dp_accounting.rdp.compute_epsilon`` (tighter than classic).
     DP_ACCOUNTING = "dp_accounting"
-    #: eps = min_alpha RDP(alpha) + log(1/delta) / (alpha - 1), the DataLens authors' one.
+    #: RDP, then eps = min_alpha RDP(alpha) + log(1/delta) / (alpha - 1), the DataLens
+    #: authors' conversion.
     CLASSIC = "classic"
+    #: No RDP: the privacy loss distribution of the composition (:mod:`dclens.privacy.exact`).
+    #: Exact for unsampled Gaussians (closed form); for Poisson-sampled ones
+    #: dp_accounting's pessimistic PLD accountant.  The tightest of the three.
+    PLD = "pld"
+
+    @property
+    def uses_rdp(self) -> bool:
+        """Whether epsilon is converted from an RDP curve (and so has an optimal order)."""
+        return self is not Conversion.PLD
 
 
 # --------------------------------------------------------------------------------------
@@ -159,13 +173,14 @@ class EpsilonReport:
 
     Attributes:
       epsilon: the epsilon of the guarantee, for one unit of privacy (the ledger's).
-      order: the RDP order alpha at which the conversion attained ``epsilon``.
+      order: the RDP order alpha at which the conversion attained ``epsilon``; None for
+        ``Conversion.PLD``, which uses no RDP.
       delta: the delta of the guarantee.
-      conversion: the RDP -> (epsilon, delta) conversion used.
+      conversion: the conversion used.
     """
 
     epsilon: float
-    order: float
+    order: float | None
     delta: float
     conversion: Conversion
 
@@ -175,8 +190,9 @@ class EpsilonReport:
                 "conversion": self.conversion.value}
 
     def __str__(self) -> str:
-        return (f"epsilon = {self.epsilon:.8f} at delta = {self.delta:g} "
-                f"({self.conversion.value} conversion, optimal order {self.order:g})")
+        how = (f"{self.conversion.value} conversion, optimal order {self.order:g}"
+               if self.order is not None else f"{self.conversion.value} accounting")
+        return f"epsilon = {self.epsilon:.8f} at delta = {self.delta:g} ({how})"
 
 
 def classic_epsilon(orders: np.ndarray, rdp: np.ndarray,
@@ -226,10 +242,11 @@ class RdpLedger(abc.ABC):
 
     Args:
       delta: the delta of every reported (epsilon, delta) guarantee, in (0, 1).
-      conversion: the RDP -> (epsilon, delta) conversion (a :class:`Conversion` or its
-        value, "dp_accounting" or "classic").
+      conversion: the (epsilon, delta) conversion (a :class:`Conversion` or its value,
+        "dp_accounting", "classic" or "pld").
       orders: RDP orders, each finite and > 1. None means :data:`CLASSIC_ORDERS` for
-        the classic conversion and :data:`DP_ACCOUNTING_ORDERS` for dp_accounting's.
+        the classic conversion and :data:`DP_ACCOUNTING_ORDERS` otherwise (the RDP curve
+        is still available under "pld", from :meth:`rdp`).
     """
 
     #: The keys of the state dict and of one stored run, exactly.
@@ -265,6 +282,10 @@ class RdpLedger(abc.ABC):
     @abc.abstractmethod
     def _run_from_state(cls, index: int, spend: Mapping[str, Any]) -> Run:
         """The run of a stored spend (keys already checked); validates its values."""
+
+    @abc.abstractmethod
+    def _pld_epsilon(self, runs: Sequence[Run]) -> float:
+        """Epsilon at :attr:`delta` of ``runs`` under ``Conversion.PLD``."""
 
     def _extra_state(self) -> dict[str, Any]:
         """State beyond delta, conversion, orders and spends (e.g. the sampler)."""
@@ -327,6 +348,9 @@ class RdpLedger(abc.ABC):
         return accountant
 
     def _report(self, runs: Sequence[Run]) -> EpsilonReport:
+        if self._conversion is Conversion.PLD:
+            return EpsilonReport(epsilon=self._pld_epsilon(runs), order=None,
+                                 delta=self._delta, conversion=self._conversion)
         accountant = self._accountant(runs)
         if self._conversion is Conversion.DP_ACCOUNTING:
             epsilon, order = accountant.get_epsilon_and_optimal_order(self._delta)

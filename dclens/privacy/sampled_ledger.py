@@ -27,7 +27,9 @@ which is what ``dp_accounting`` computes for a ``ComposedDpEvent`` inside a samp
 too.  The ledger stores run-length encoded (sampler, rate, z, count) and composes them
 with ``dp_accounting.rdp.RdpAccountant`` under the sampler's adjacency; epsilon is the
 guarantee for one example (one unit for ``without_replacement``) at ``delta``, with the
-conversions of :mod:`dclens.privacy.accounting`.  ``queries`` counts steps.
+conversions of :mod:`dclens.privacy.accounting`, or, for Poisson sampling only, with the
+privacy loss distribution (``pld``: dp_accounting's PLD accountant, no RDP).  ``queries``
+counts steps.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import dp_accounting
 
-from dclens.privacy import accounting
+from dclens.privacy import accounting, exact
 from dclens.privacy.rdp_ledger import (Conversion, RdpLedger, Run, check_count,
                                        check_int, check_noise_multiplier, check_positive)
 
@@ -116,6 +118,13 @@ class SampledGaussianLedger(RdpLedger):
         except ValueError as error:
             raise ValueError(f"sampling must be one of {[s.value for s in Sampling]}, got "
                              f"{sampling!r}") from error
+        if (self._conversion is Conversion.PLD
+                and self._sampling is Sampling.WITHOUT_REPLACEMENT):
+            raise ValueError(
+                f"conversion 'pld' is not available for {self._sampling.value} sampling "
+                f"({self._sampling.adjacency}, e.g. GS-WGAN): dp_accounting has no privacy "
+                f"loss distribution for it, and dclens does not claim one it cannot prove. "
+                f"Use conversion 'dp_accounting' (RDP, proven for this sampler).")
 
     @property
     def sampling(self) -> Sampling:
@@ -172,6 +181,12 @@ class SampledGaussianLedger(RdpLedger):
         return dp_accounting.ComposedDpEvent(events=[
             dp_accounting.SelfComposedDpEvent(event=step(rate, z), count=count)
             for rate, z, count in runs])
+
+    def _pld_epsilon(self, runs: Sequence[Run]) -> float:
+        # Poisson sampling only (the constructor refuses the other sampler): the PLD of
+        # the subsampled Gaussian under add-or-remove, composed by dp_accounting.
+        return exact.pld_epsilon(self._event(runs), delta=self._delta,
+                                 relation=self.relation)
 
     def _extra_state(self) -> dict[str, Any]:
         return {"kind": KIND, "sampling": self._sampling.value}
