@@ -56,7 +56,10 @@ BAD_FLAGS = [
     (["--mean_kernel"], ["--mean_kernel", "not implemented"]),
     (["--pca"], ["--pca", "not implemented"]),
     (["--step_size", "1e-4"], ["--step_size", "not implemented"]),
-    (["--nowgan"], ["--wgan", "not implemented"]),
+    (["--wgan=true"], ["--wgan", "not implemented"]),
+    (["--norandom_proj"], ["--norandom_proj", "G-PATE"]),
+    (["--save_epoch"], ["--save_epoch", "not implemented"]),
+    (["--crop=false"], ["--crop=false", "not implemented"]),
     (["--pretrain"], ["--pretrain", "not implemented"]),
     (["--nosignsgd"], ["--nosignsgd", "G-PATE"]),
     (["--signsgd=false"], ["--nosignsgd"]),
@@ -407,6 +410,37 @@ def test_every_refused_authors_flag_is_listed_with_its_reason_in_the_docs():
     missing = [name for name in [*cli.UNSUPPORTED_AUTHORS_FLAGS, "pretrain", "nosignsgd"]
                if not re.search(rf"[` ]--{name}[ `]", table)]
     assert not missing, missing
+
+
+# The authors' README Fashion-MNIST eps = 1 command, as written there (checkpoint dir aside).
+AUTHORS_README_FMNIST_EPS1 = (
+    "--checkpoint_dir ckpt --topk 200 --signsgd --norandom_proj --shuffle --teachers_batch 80 "
+    "--batch_teachers 50 --dataset fashion_mnist --train --max_eps 1 --train --thresh 0.9 "
+    "--sigma 5000 --nopretrain --z_dim 50 --nosave_epoch --epoch 300 --save_vote --d_step 2 "
+    "--pretrain_teacher 10 --stochastic --max_grad 1e-5").split()
+
+
+def test_the_authors_readme_command_runs_as_written():
+    """Their paper commands carry --norandom_proj (unread beside --signsgd) and
+    --nosave_epoch (their default): accepted, and the rest is their configuration."""
+    name, config, do_train, output = resolve(*AUTHORS_README_FMNIST_EPS1)
+    assert name == "authors" and do_train and output == "ckpt"
+    assert config.train.num_teachers == 4000 and config.train.balanced_partition
+    assert (config.topagg.topk, config.topagg.sigma, config.topagg.thresh) == (200, 5000.0, 0.9)
+    assert config.topagg.method is cfg.Aggregation.TOPK_STOCHASTIC_SIGN
+    assert (config.train.z_dim, config.train.d_step, config.train.epochs) == (50, 2, 300)
+    without = [flag for flag in AUTHORS_README_FMNIST_EPS1
+               if flag not in ("--norandom_proj", "--nosave_epoch")]
+    assert resolve(*without)[1] == config
+
+
+@pytest.mark.parametrize("flag", [f"--no{name}" for name in cli.OFF_IS_DCLENS]
+                         + [f"--{name}=false" for name in cli.OFF_IS_DCLENS])
+def test_an_off_state_that_is_dclens_is_accepted_and_changes_nothing(flag):
+    assert resolve("--signsgd", flag)[1] == resolve("--signsgd")[1]
+    name = flag.removeprefix("--no").removeprefix("--").removesuffix("=false")
+    with pytest.raises(cli.CliError, match=f"--{name}"):
+        resolve("--signsgd", f"--{name}")
 
 
 def test_save_vote_flags():

@@ -16,7 +16,7 @@ Flags of the authors' main.py that dclens does not implement are refused by name
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Any, Callable
 import enum
 import os
 import sys
@@ -76,6 +76,24 @@ UNSUPPORTED_AUTHORS_FLAGS = {
     "finetune_ae": "the autoencoder pipeline is not implemented",
     "sample_step": "TensorBoard sample grids are written automatically",
     "hid_dim": "the autoencoder pipeline is not implemented",
+}
+
+# Boolean flags of the authors' main.py whose *off* state (``--noX`` / ``--X false``) is
+# their default or unread, and is what dclens does: accepted, so that their commands run as
+# written (their README's paper commands carry --norandom_proj and --nosave_epoch).  The on
+# state stays refused through UNSUPPORTED_AUTHORS_FLAGS.
+OFF_IS_DCLENS = {
+    "random_proj": "read by their code only when no sign, sketch or k-level aggregation is "
+                   "named (G-PATE's gradient voting)",
+    "save_epoch": "their default: no per-epsilon snapshots",
+    "wgan": "their default: the standard GAN loss",
+    "simple_gan": "their default: the DCGAN architecture",
+    "small": "their default (and unread by their model)",
+    "tanh": "their default: a sigmoid generator output",
+    "pca": "their default: no DP-PCA",
+    "mean_kernel": "their default: no mean-kernel aggregation",
+    "increasing_dim": "their default: no growing projection",
+    "random_label": "their default: the records' own labels",
 }
 
 BOOLEAN_FLAGS = ("train", "stochastic", "signsgd", "signsgd_nothresh", "klevelsgd", "signsgd_dept",
@@ -239,7 +257,8 @@ def _add_training_flags(add: Callable[..., argparse.Action]) -> None:
     add("--beta1", type=float, help="Adam beta1")
     add("--orders", type=int, help="RDP orders 1.1, 2, ..., orders-1 (classic conversion)")
     add("--conversion", choices=[c.value for c in Conversion],
-        help="RDP -> (eps, delta) conversion for the budget and reports")
+        help="how the ledger gives (eps, delta) for the budget and reports: classic "
+             "(RDP, the authors'), dp_accounting (RDP, tighter) or pld (exact, tightest)")
 
 
 def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
@@ -328,12 +347,35 @@ def _direct_flags(args: argparse.Namespace, base: cfg.DataLensConfig) -> dict[st
     return sections
 
 
+def _is_off(name: str, value: Any, args: argparse.Namespace) -> bool:
+    """Whether an authors' flag of :data:`OFF_IS_DCLENS` was given in its off state
+    (``--noX`` or ``--X false``) where that state is what dclens runs."""
+    if value is not False:
+        try:
+            value = _parse_bool(str(value)) if value is not True else True
+        except argparse.ArgumentTypeError as error:
+            raise CliError(f"--{name}: {error}") from None
+    if value:
+        return False
+    if name == "random_proj":   # Unread only where an aggregation is named before it.
+        return any(getattr(args, flag) for flag in ("signsgd", "signsgd_nothresh",
+                                                    "sketchsgd", "klevelsgd", "signsgd_dept"))
+    return True
+
+
 def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, str]:
     """Flags -> (preset name, config, train?, output dir).  Raises CliError/ConfigError."""
     for name, why in UNSUPPORTED_AUTHORS_FLAGS.items():
-        if getattr(args, f"unsupported_{name}") is not None:
-            raise CliError(f"--{name} (a flag of the authors' main.py) is not implemented in "
-                           f"dclens yet: {why}")
+        value = getattr(args, f"unsupported_{name}")
+        if value is None or (name in OFF_IS_DCLENS and _is_off(name, value, args)):
+            continue
+        if name == "random_proj" and value is not True and not _parse_bool(str(value)):
+            raise CliError("--norandom_proj without --signsgd, --signsgd_nothresh, "
+                           "--sketchsgd or --klevelsgd: the authors' code then runs "
+                           "G-PATE's gradient voting on the pixels, which dclens does not "
+                           "implement; add --signsgd (with --stochastic: the paper's TopAgg)")
+        raise CliError(f"--{name}{'' if value is True else '=' + str(value).lower()} (a flag "
+                       f"of the authors' main.py) is not implemented in dclens yet: {why}")
     if args.pretrain:
         raise CliError("--pretrain (load a pretrained generator) is not implemented; the "
                        "generator always starts from scratch (the authors' --nopretrain)")
