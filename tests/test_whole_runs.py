@@ -149,6 +149,31 @@ def test_a_clear_difference_is_reported_as_one(tmp_path):
     assert "they differ" in whole_run_report.render(summary, command="c", date="d")
 
 
+def test_the_verdict_corrects_for_several_measures_and_waits_for_five_runs(tmp_path):
+    """val's 95% interval excludes 0, but not at the Bonferroni level over the three
+    measures compared (val, sen, label agreement move together here): no difference is
+    claimed.  Five runs a side make the verdict final, fewer a preliminary one."""
+    theirs = [0.50, 0.52, 0.51, 0.53, 0.49]
+    ours = [0.525, 0.545, 0.535, 0.555, 0.515]
+    summary = whole_run_study.summarize(_fake_study(
+        tmp_path / "five", {"authors": theirs, "dclens": ours}))
+    val = summary["comparison"]["val"]["difference"]
+    assert not val["low"] <= 0 <= val["high"]                  # 95%: excludes 0
+    adjusted = stats.ttest_ind(ours, theirs, equal_var=False).confidence_interval(
+        1 - 0.05 / 3)
+    assert whole_run_report.verdict_intervals(summary)["val"] == pytest.approx(
+        (adjusted.low, adjusted.high))
+    assert adjusted.low <= 0 <= adjusted.high
+    assert whole_run_report.agreement(summary) is True
+    text = whole_run_report.render(summary, command="c", date="d")
+    assert "**Verdict: the two agree**" in text and "98.33%" in text
+    three = whole_run_study.summarize(_fake_study(
+        tmp_path / "three", {"authors": theirs[:3], "dclens": [0.70, 0.71, 0.72]}))
+    text = whole_run_report.render(three, command="c", date="d")
+    assert "**Preliminary verdict (3 runs on the smaller side" in text
+    assert "they differ" in text
+
+
 def test_a_study_refuses_to_resume_with_other_settings(tmp_path):
     config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
     study = whole_run_study.Study(str(tmp_path), config, str(AUTHORS), runs=1, authors=None)

@@ -11,7 +11,8 @@ import numpy as np
 
 from dclens.common import export, reporting
 from dclens.parity.whole_run import SIDES
-from dclens.parity.whole_run_study import AUTHORS_PROTOCOL_FILE, EVALUATION_FILE, RUN_FILE
+from dclens.parity.whole_run_study import (AUTHORS_PROTOCOL_FILE, EVALUATION_FILE, RUN_FILE,
+                                           welch_interval)
 
 #: Accuracy measures the equivalence statement is made for (higher is better).
 ACCURACIES = ("val", "sen", "authors_range1", "label_agreement")
@@ -75,15 +76,50 @@ def equivalence(summary: dict) -> list[str]:
     return lines
 
 
-def agreement(summary: dict) -> bool | None:
-    """True when every accuracy interval contains 0, False when one excludes it, None when
-    no interval exists yet (fewer than two runs a side)."""
-    seen = []
+#: Runs a side below which a verdict is only preliminary (the study's minimum).
+RUNS_FOR_VERDICT = 5
+
+#: The family-wise error rate of the verdict over the accuracy measures.
+VERDICT_ERROR = 0.05
+
+
+def _compared(summary: dict) -> dict[str, tuple[list[float], list[float]]]:
+    """The accuracy measures with at least two values a side: (authors', dclens')."""
+    compared = {}
     for key in ACCURACIES:
-        difference = summary["comparison"].get(key, {}).get("difference")
-        if difference is not None and not math.isnan(difference["low"]):
-            seen.append(difference["low"] <= 0 <= difference["high"])
-    return all(seen) if seen else None
+        entry = summary["comparison"].get(key, {})
+        theirs = entry.get("authors", {}).get("values", [])
+        ours = entry.get("dclens", {}).get("values", [])
+        if len(theirs) >= 2 and len(ours) >= 2:
+            compared[key] = (theirs, ours)
+    return compared
+
+
+def verdict_intervals(summary: dict) -> dict[str, tuple[float, float]]:
+    """Per compared accuracy measure, the Welch interval of dclens minus the authors at
+    level 1 - VERDICT_ERROR / m (Bonferroni over the m measures compared), so that the
+    chance that any of them excludes 0 when the two sides do not differ is at most
+    VERDICT_ERROR."""
+    compared = _compared(summary)
+    level = 1 - VERDICT_ERROR / max(len(compared), 1)
+    return {key: welch_interval(theirs, ours, level)[1:3]
+            for key, (theirs, ours) in compared.items()}
+
+
+def agreement(summary: dict) -> bool | None:
+    """True when every Bonferroni-adjusted accuracy interval (:func:`verdict_intervals`)
+    contains 0, False when one excludes it, None when none exists yet (fewer than two runs
+    a side)."""
+    intervals = verdict_intervals(summary)
+    if not intervals:
+        return None
+    return all(low <= 0 <= high for low, high in intervals.values())
+
+
+def runs_for_verdict(summary: dict) -> int:
+    """The fewest runs with a value, over the compared accuracy measures and both sides."""
+    compared = _compared(summary)
+    return min((len(values) for pair in compared.values() for values in pair), default=0)
 
 
 def step_seconds(run: dict) -> float:
@@ -199,12 +235,23 @@ def render(summary: dict, *, command: str, date: str) -> str:
         *equivalence(summary),
         "",
     ]
+    intervals = verdict_intervals(summary)
+    how = (f"Welch intervals at {100 * (1 - VERDICT_ERROR / max(len(intervals), 1)):.4g}% "
+           f"for each of the {len(intervals)} accuracy measures compared (Bonferroni: a "
+           f"{100 * VERDICT_ERROR:g}% chance in all of a difference shown where there is "
+           f"none): " + "; ".join(f"{key} [{low:+.3f}, {high:+.3f}]"
+                                  for key, (low, high) in intervals.items()))
+    fewest = runs_for_verdict(summary)
+    label = ("Verdict" if fewest >= RUNS_FOR_VERDICT else
+             f"Preliminary verdict ({fewest} runs on the smaller side; the study's verdict "
+             f"needs {RUNS_FOR_VERDICT} a side, and so few runs can understate a side's "
+             f"spread)")
     if verdict is True:
-        lines += ["**Verdict: the two agree** within the seed spread on every accuracy "
-                  "measure.", ""]
+        lines += [f"**{label}: the two agree** within the seed spread on every accuracy "
+                  f"measure. {how}.", ""]
     elif verdict is False:
-        lines += ["**Verdict: they differ** on at least one accuracy measure beyond the "
-                  "seed spread (see above).", ""]
+        lines += [f"**{label}: they differ** on at least one accuracy measure beyond the "
+                  f"seed spread. {how}.", ""]
     else:
         lines += ["**No verdict yet:** a Welch interval needs at least two finished runs a "
                   "side (five a side make the comparison; run the command again to add "
