@@ -127,7 +127,8 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "non_private": "train.non_private", "conv_path": "train.conv_path",
                "fake_rendering": "train.fake_rendering", "klevel": "topagg.klevel",
                "aggregation": "topagg.method", "sketch_accounting": "topagg.sketch_accounting",
-               "signsgd_dept": "train.data_dependent_analysis"}
+               "signsgd_dept": "train.data_dependent_analysis",
+               "generator_ema": "train.generator_ema"}
 
 
 def _field(config: cfg.DataLensConfig, dotted: str):
@@ -268,6 +269,9 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--partition_seed", type=int, help="seed of the partition into teachers")
     add("--teacher_chunk", type=int, help="teachers processed together (memory bound)")
     add("--num_samples", type=int, help="synthetic samples written at the end")
+    add("--generator_ema", type=float, metavar="DECAY",
+        help="sample from an exponential moving average of the generator's weights with "
+             "this decay (post-processing, no privacy cost; 0: off)")
     add("--max_records", type=int, help="train on the first N records only")
     add("--quiet", action="store_true", help="no progress bar")
     add("--restart", action="store_true", help="set the run in --checkpoint_dir aside "

@@ -290,6 +290,11 @@ class TrainConfig:
       fake_rendering: how the teachers' fake batches are rendered (:class:`FakeRendering`;
         ``teacher_labels`` is the authors' way).
       save_votes: what of every round is written to ``<run>/votes/`` (:class:`SaveVotes`).
+      generator_ema: decay d of an exponential moving average of the student generator's
+        trainable weights, updated after every student update (w_ema <- d w_ema +
+        (1 - d) w, starting from the initial weights); the samples and the published
+        ``generator.keras`` then come from the average.  Post-processing of the released
+        updates: the ledger is unchanged.  0 (the default, the authors' way): no average.
       data_dependent_analysis: also compute the authors' data-dependent RDP bound of every
         call (paper Fig. 2, :mod:`dclens.privacy.data_dependent`) and record its epsilon beside
         the ledger's; an analysis only, **never spent** (the authors' ``--signsgd_dept``).
@@ -317,8 +322,12 @@ class TrainConfig:
     fake_rendering: FakeRendering = FakeRendering.CLASS_GRID
     data_dependent_analysis: bool = False
     save_votes: SaveVotes = SaveVotes.NONE
+    generator_ema: float = 0.0
 
     def __post_init__(self) -> None:
+        _require(is_finite_number(self.generator_ema) and 0 <= self.generator_ema < 1,
+                 f"generator_ema must be a decay in [0, 1) (0: no average; e.g. 0.9 over "
+                 f"~100 student updates), got {self.generator_ema!r}")
         _require(isinstance(self.dataset, str) and self.dataset != "",
                  f"dataset must be a non-empty name, got {self.dataset!r}")
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",

@@ -465,12 +465,12 @@ class _Training:
             return summary
         self._save_checkpoint(finished=True, stop_reason=stop_reason)
         self.hook("before_outputs", lens.step)
-        lens.generator.save(RunPaths(output_dir).generator)
-        write_sample_outputs(lens.generate, lens.shape, config, output_dir, lens.seeds,
-                             epsilon=epsilon, batch=lens.batch, log=log)
+        lens.released_generator().save(RunPaths(output_dir).generator)
+        write_sample_outputs(lens.generate_released, lens.shape, config, output_dir,
+                             lens.seeds, epsilon=epsilon, batch=lens.batch, log=log)
         with self.writer.get().as_default(step=lens.step):
             tf.summary.image("samples/by_class", class_grid(
-                        lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
+                lens.generate_released, lens.shape, config.train.z_dim, lens.seeds)[None])
         self.writer.flush()
         log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
             f"{stop_reason}; {_spent(config, epsilon)}; {summary.seconds:.0f} s. Outputs in "

@@ -13,7 +13,8 @@ from dclens.common.rng import SeedTree, Stream
 from dclens.datalens import networks
 
 
-def generator_function(generator: keras.Model) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+def generator_function(generator: keras.Model, trainable: list | None = None
+                       ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """G(z, one-hot y) as a tf.function, with batch statistics (as the authors run G), that
     leaves the generator's batch-norm moving mean and variance as they were.
 
@@ -25,9 +26,14 @@ def generator_function(generator: keras.Model) -> Callable[[tf.Tensor, tf.Tensor
     ledger.  ``stateless_call`` computes the same output (bit-equal) and its updated
     statistics are dropped, so no render can move them, whatever its labels; only the
     student's update pass (on data-independent query labels) does.
+
+    ``trainable``: other values for the generator's trainable variables, in their order
+    (e.g. a moving average of them); None renders the generator's own.
     """
+    weights = generator.trainable_variables if trainable is None else trainable
+
     def render(z, y):
-        images, _ = generator.stateless_call(generator.trainable_variables,
+        images, _ = generator.stateless_call(weights,
                                              generator.non_trainable_variables, [z, y],
                                              training=True)
         return images

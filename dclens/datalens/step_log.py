@@ -33,7 +33,7 @@ def log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar)
         tf.summary.scalar("time/seconds_per_step", record.seconds)
         if (record.step + 1) % grid_every == 0:
             tf.summary.image("samples/by_class", class_grid(
-                lens.generate, lens.shape, config.train.z_dim, lens.seeds)[None])
+                lens.generate_released, lens.shape, config.train.z_dim, lens.seeds)[None])
     if bar is not None:
         bar.set_postfix(progress_fields(record))      # before update: a plain line shows it
         bar.update(1)

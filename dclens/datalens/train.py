@@ -196,6 +196,14 @@ class DataLens:
         # Every render leaves the generator's BN moving statistics alone (generator_function):
         # the authors' per-teacher fake batches are a function of private labels.
         self.generate = generator_function(self.generator)
+        # The released generator: the student, or a moving average of its weights
+        # (post-processing of the released updates; train.generator_ema).
+        self.generator_average = (None if not train_cfg.generator_ema else
+                                  [tf.Variable(w, trainable=False, name=f"ema_{i}")
+                                   for i, w in enumerate(self.generator.trainable_variables)])
+        self.generate_released = (self.generate if self.generator_average is None else
+                                  generator_function(self.generator,
+                                                     self.generator_average))
         # The data-dependent analysis (never spent): RDP at the authors' orders.
         self.analysis_orders = np.asarray(accounting.classic_orders(config.budget.max_order))
         self.analysis_rdp = (np.zeros(len(self.analysis_orders))
@@ -350,8 +358,30 @@ class DataLens:
                 loss = tf.reduce_sum(tf.square(current - target))
             weights = self.generator.trainable_weights
             self.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
+            self._update_average()
             loss = float(loss)
         return loss, result.pass_fraction
+
+    def _update_average(self) -> None:
+        """w_ema <- d w_ema + (1 - d) w for every trainable weight (train.generator_ema)."""
+        if self.generator_average is None:
+            return
+        decay = self.config.train.generator_ema
+        for average, weight in zip(self.generator_average,
+                                   self.generator.trainable_variables):
+            average.assign(decay * average + (1.0 - decay) * weight)
+
+    def released_generator(self) -> keras.Model:
+        """The generator to publish: the student itself, or (train.generator_ema) a copy
+        whose trainable weights are the moving average and whose batch-norm statistics are
+        the student's."""
+        if self.generator_average is None:
+            return self.generator
+        released = keras.models.clone_model(self.generator)
+        released.set_weights(self.generator.get_weights())
+        for variable, average in zip(released.trainable_variables, self.generator_average):
+            variable.assign(average)
+        return released
 
     # ------------------------------------------------------------------ loop
     def train_step(self) -> StepRecord:
@@ -404,6 +434,8 @@ class DataLens:
         if self.student_optimizer.built:
             for i, variable in enumerate(self.student_optimizer.variables):
                 arrays[f"optimizer_{i:03d}"] = variable.numpy()
+        for i, variable in enumerate(self.generator_average or ()):
+            arrays[f"average_{i:03d}"] = variable.numpy()
         if self.analysis_rdp is not None:
             arrays["analysis_data_dependent_rdp"] = self.analysis_rdp.copy()
         return arrays
@@ -433,6 +465,8 @@ class DataLens:
         if optimizer_names:
             self.student_optimizer.build(self.generator.trainable_variables)
             self._assign("optimizer", self.student_optimizer.variables, load, names)
+        if self.generator_average is not None:
+            self._assign("average", self.generator_average, load, names)
         if self.analysis_rdp is not None and "analysis_data_dependent_rdp" in names:
             self.analysis_rdp = np.array(load("analysis_data_dependent_rdp"), np.float64)
         self.step = step
@@ -459,6 +493,6 @@ class DataLens:
         random labels), as the authors sample.
         """
         batch = batch or self.batch
-        return sample_generator(self.generate, self.shape, self.config.train.z_dim,
+        return sample_generator(self.generate_released, self.shape, self.config.train.z_dim,
                                 num_samples, seeds=self.seeds, seed_path=seed_path,
                                 batch=batch)
