@@ -205,6 +205,30 @@ def test_analysis_rows_change_only_what_they_name_and_say_so():
         paper_rows.ReproduceOptions(aggregation="nope")
 
 
+def test_levers_beyond_the_paper_are_named_deviations():
+    """--conversion pld and --generator_ema: in the run's name, its config and its
+    deviations; at the paper's eps = 1 the exact accounting runs 149 steps, not 86."""
+    options = paper_rows.ReproduceOptions("fashion_mnist", 1, conversion="pld",
+                                         generator_ema=0.9)
+    assert options.default_name() == "fashion_mnist-eps1-pld-ema0.9"
+    config, deviations = paper_rows.build_config(options)
+    assert config.budget.conversion is accounting.Conversion.PLD
+    assert config.train.generator_ema == 0.9
+    assert config.budget.max_eps == 1.0 and config.topagg.sigma == 5000.0
+    assert [d.split(":")[0] for d in deviations] == ["beyond the paper"] * 2
+    assert accounting.max_steps_within(sigma=5000.0, topk=200, queries_per_step=15,
+                                       max_eps=1.0, delta=1e-5, conversion="pld") == 149
+    same = paper_rows.ReproduceOptions("fashion_mnist", 1, conversion="classic",
+                                      generator_ema=0.0)
+    assert same.default_name() == "fashion_mnist-eps1"
+    assert paper_rows.build_config(same) == (cfg.paper_preset("fashion_mnist", 1), [])
+    with pytest.raises(paper_rows.ReproduceError, match="unknown conversion 'exactish'"):
+        paper_rows.ReproduceOptions(conversion="exactish")
+    for bad in (1.0, -0.5, True, "0.9"):
+        with pytest.raises(paper_rows.ReproduceError, match="generator_ema must be a decay"):
+            paper_rows.ReproduceOptions(generator_ema=bad)
+
+
 def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):
     """--add_authors runs only the authors' protocol on the reported run's samples, keeps
     val/sen, resumes from its state file, and refuses what cannot be read."""

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering], help="a fidelity "
         "option: teacher_labels renders each teacher's fake batch from its own labels, as "
         "the authors (about 2x slower at the paper config) [default: class_grid]")
+    add("--conversion", choices=["classic", "dp_accounting", "pld"], help="beyond the "
+        "paper: how the budget is accounted (pld: exactly, more steps for the same "
+        "epsilon) [default: the paper's classic]")
+    add("--generator_ema", type=float, metavar="DECAY", help="beyond the paper: sample a "
+        "moving average of the generator's weights (post-processing)")
     add("--out", help="report directory (default results/<name>)")
     common_flags.add_run_dir(parser, required=False, restart=False,
                              help_text="training run directory (default "
@@ -134,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir, teacher_chunk=args.teacher_chunk,
             aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
             balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
-            sigma_scale=args.sigma_scale)
+            sigma_scale=args.sigma_scale, conversion=args.conversion,
+            generator_ema=args.generator_ema)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -73,6 +73,9 @@ class ReproduceOptions:
         paper's noise relative to the vote sum (a sum of ``teachers`` votes of size at most
         1 per coordinate) and its number of steps, at a larger, truthfully accounted
         epsilon: a noise-matched small model of the paper run, NOT its privacy level.
+      conversion, generator_ema: levers beyond the paper (listed as deviations): ``pld``
+        accounts exactly instead of by the classic RDP conversion, so the same budget
+        allows more steps; ``generator_ema`` samples a moving average of the generator.
     """
 
     dataset: str = "fashion_mnist"
@@ -92,6 +95,8 @@ class ReproduceOptions:
     balanced_partition: bool = False
     fake_rendering: str | None = None
     sigma_scale: float | None = None
+    conversion: str | None = None
+    generator_ema: float | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -128,6 +133,16 @@ class ReproduceOptions:
             if self.non_private:
                 raise ReproduceError("sigma_scale scales the noise of a private run; a "
                                      "non_private run has none: give one of them")
+        if self.conversion is not None and self.conversion not in {
+                c.value for c in accounting.Conversion}:
+            raise ReproduceError(f"unknown conversion {self.conversion!r}; use one of "
+                                 f"{[c.value for c in accounting.Conversion]}")
+        if self.generator_ema is not None and (
+                isinstance(self.generator_ema, bool)
+                or not isinstance(self.generator_ema, (int, float))
+                or not 0 <= self.generator_ema < 1):
+            raise ReproduceError(f"generator_ema must be a decay in [0, 1), got "
+                                 f"{self.generator_ema!r}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
                      "topk"):
             value = getattr(self, name)
@@ -168,6 +183,10 @@ class ReproduceOptions:
             name += f"-{tag}"
         if self.sigma_scale is not None and self.sigma_scale != 1:
             name += f"-sigma{self.sigma_scale:g}"
+        if self.conversion is not None and self.conversion != "classic":
+            name += f"-{self.conversion}"
+        if self.generator_ema:
+            name += f"-ema{self.generator_ema:g}"
         if self.non_private:
             name += "-nonprivate"
         return name
@@ -204,6 +223,7 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
         train["fake_rendering"] = cfg.FakeRendering(options.fake_rendering)
     if options.sigma_scale is not None and options.sigma_scale != 1:
         deviations.append(_noise_matched(options, paper, topagg, budget))
+    deviations += _levers(options, paper, train, budget)
     config = paper.replace(train=train, topagg=topagg, budget=budget)
     if options.non_private:
         config, deviation = _non_private(options, config)
@@ -273,6 +293,24 @@ def _analysis_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
         topagg["topk"] = options.topk
         deviations.append(f"top-k = {options.topk} instead of {paper.topagg.topk} (an "
                           f"analysis row, Table 4)")
+    return deviations
+
+
+def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
+            budget: dict) -> list[str]:
+    """The levers beyond the paper a run sets (``train``'s and ``budget``'s settings) and
+    their words."""
+    deviations: list[str] = []
+    if options.conversion is not None and options.conversion != paper.budget.conversion.value:
+        budget["conversion"] = accounting.Conversion(options.conversion)
+        deviations.append(f"beyond the paper: the {options.conversion} conversion instead of "
+                          f"the paper's {paper.budget.conversion.value} (the same epsilon "
+                          f"budget, accounted differently: a different number of steps)")
+    if options.generator_ema:
+        train["generator_ema"] = float(options.generator_ema)
+        deviations.append(f"beyond the paper: samples from a moving average of the "
+                          f"generator's weights, decay {options.generator_ema:g} "
+                          f"(post-processing)")
     return deviations
 
 

@@ -331,7 +331,7 @@ def run_authors_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int
             log(line)
 
     observations = _TheirObservations(os.path.join(out_dir, "authors.log"), echo)
-    with tf1_compat.load_authors_code(repo) as code, \
+    with contextlib.closing(observations), tf1_compat.load_authors_code(repo) as code, \
             tempfile.TemporaryDirectory(prefix="dclens-whole-run-") as workdir:
         shared = SharedData.load(code, side)
         flags = their_flags(code, side, workdir)
@@ -354,7 +354,7 @@ def run_authors_whole(repo: str | os.PathLike, config: WholeRunConfig, seed: int
                         stopped_by_budget = True
             finally:
                 session.close()
-        observations.close()
+        observations.close()           # authors.log complete before its pickles are read
         if not stopped_by_budget:
             raise SideBySideError(f"the authors' loop ended its {config.their_epochs} epochs "
                                   f"without reaching max_eps {config.max_eps}")
