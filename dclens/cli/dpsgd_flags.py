@@ -8,6 +8,7 @@ import argparse
 from dclens.cli import common_flags
 from dclens.dpsgd.config import DEFAULT_LEARNING_RATES, DpsgdConfig
 from dclens.dpsgd.mechanisms import Method
+from dclens.privacy.accounting import Conversion
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     common_flags.add_data(parser)
     common_flags.add_budget(parser, default_eps=defaults.target_eps)
     add("--delta", type=float, default=defaults.delta)
-    add("--conversion", choices=("dp_accounting", "classic", "pld"),
+    add("--conversion", choices=[c.value for c in Conversion],
         default=defaults.conversion.value,
         help="(eps, delta) from the ledger: RDP with dp_accounting's or the classic "
              "conversion, or pld (dp_accounting's PLD accountant, tighter; Poisson "

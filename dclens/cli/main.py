@@ -351,29 +351,32 @@ def _direct_flags(args: argparse.Namespace, base: cfg.DataLensConfig) -> dict[st
     return sections
 
 
-def _is_off(name: str, value: Any, args: argparse.Namespace) -> bool:
-    """Whether an authors' flag of :data:`OFF_IS_DCLENS` was given in its off state
-    (``--noX`` or ``--X false``) where that state is what dclens runs."""
-    if value is not False:
-        try:
-            value = _parse_bool(str(value)) if value is not True else True
-        except argparse.ArgumentTypeError as error:
-            raise CliError(f"--{name}: {error}") from None
-    if value:
-        return False
-    if name == "random_proj":   # Unread only where an aggregation is named before it.
-        return any(getattr(args, flag) for flag in ("signsgd", "signsgd_nothresh",
-                                                    "sketchsgd", "klevelsgd", "signsgd_dept"))
-    return True
+def _authors_flag_on(name: str, value: Any) -> bool:
+    """The state an authors' boolean flag was given in: ``--X`` / ``--X=true`` or
+    ``--noX`` / ``--X=false``."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return _parse_bool(str(value))
+    except argparse.ArgumentTypeError as error:
+        raise CliError(f"--{name}: {error}") from None
+
+
+def _names_an_aggregation(args: argparse.Namespace) -> bool:
+    """Whether a flag their dispatch checks before --random_proj chose the aggregation."""
+    return any(getattr(args, flag) for flag in ("signsgd", "signsgd_nothresh", "sketchsgd",
+                                                "klevelsgd", "signsgd_dept"))
 
 
 def resolve(args: argparse.Namespace) -> tuple[str, cfg.DataLensConfig, bool, str]:
     """Flags -> (preset name, config, train?, output dir).  Raises CliError/ConfigError."""
     for name, why in UNSUPPORTED_AUTHORS_FLAGS.items():
         value = getattr(args, f"unsupported_{name}")
-        if value is None or (name in OFF_IS_DCLENS and _is_off(name, value, args)):
+        if value is None:
             continue
-        if name == "random_proj" and value is not True and not _parse_bool(str(value)):
+        if name in OFF_IS_DCLENS and not _authors_flag_on(name, value):
+            if name != "random_proj" or _names_an_aggregation(args):
+                continue
             raise CliError("--norandom_proj without --signsgd, --signsgd_nothresh, "
                            "--sketchsgd or --klevelsgd: the authors' code then runs "
                            "G-PATE's gradient voting on the pixels, which dclens does not "

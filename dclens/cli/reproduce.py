@@ -21,6 +21,7 @@ import sys
 
 from dclens.cli import common_flags
 from dclens.datalens import config as cfg
+from dclens.privacy.accounting import Conversion
 from dclens.common import tf_env  # noqa: E402
 
 
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fake_rendering", choices=[r.value for r in cfg.FakeRendering], help="a fidelity "
         "option: teacher_labels renders each teacher's fake batch from its own labels, as "
         "the authors (about 2x slower at the paper config) [default: class_grid]")
-    add("--conversion", choices=["classic", "dp_accounting", "pld"], help="beyond the "
+    add("--conversion", choices=[c.value for c in Conversion], help="beyond the "
         "paper: how the budget is accounted (pld: exactly, more steps for the same "
         "epsilon) [default: the paper's classic]")
     add("--generator_ema", type=float, metavar="DECAY", help="beyond the paper: sample a "

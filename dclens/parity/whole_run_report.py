@@ -101,16 +101,23 @@ def verdict_intervals(summary: dict) -> dict[str, tuple[float, float]]:
     chance that any of them excludes 0 when the two sides do not differ is at most
     VERDICT_ERROR."""
     compared = _compared(summary)
-    level = 1 - VERDICT_ERROR / max(len(compared), 1)
+    level = verdict_level(len(compared))
     return {key: welch_interval(theirs, ours, level)[1:3]
             for key, (theirs, ours) in compared.items()}
 
 
-def agreement(summary: dict) -> bool | None:
-    """True when every Bonferroni-adjusted accuracy interval (:func:`verdict_intervals`)
-    contains 0, False when one excludes it, None when none exists yet (fewer than two runs
-    a side)."""
-    intervals = verdict_intervals(summary)
+def verdict_level(measures: int) -> float:
+    """The confidence level of each of ``measures`` verdict intervals (Bonferroni)."""
+    return 1 - VERDICT_ERROR / max(measures, 1)
+
+
+def agreement(summary: dict, intervals: dict[str, tuple[float, float]] | None = None
+              ) -> bool | None:
+    """True when every Bonferroni-adjusted accuracy interval (:func:`verdict_intervals`,
+    or ``intervals`` already computed from it) contains 0, False when one excludes it,
+    None when none exists yet (fewer than two runs a side)."""
+    if intervals is None:
+        intervals = verdict_intervals(summary)
     if not intervals:
         return None
     return all(low <= 0 <= high for low, high in intervals.values())
@@ -200,7 +207,8 @@ def render(summary: dict, *, command: str, date: str) -> str:
     settings = summary["settings"]
     config = settings["config"]
     lock = config["lockstep"]
-    verdict = agreement(summary)
+    intervals = verdict_intervals(summary)
+    verdict = agreement(summary, intervals)
     finished = {side: len(summary["runs"][side]) for side in SIDES}
     lines = [
         "# Whole runs side by side: the authors' code and dclens",
@@ -235,8 +243,7 @@ def render(summary: dict, *, command: str, date: str) -> str:
         *equivalence(summary),
         "",
     ]
-    intervals = verdict_intervals(summary)
-    how = (f"Welch intervals at {100 * (1 - VERDICT_ERROR / max(len(intervals), 1)):.4g}% "
+    how = (f"Welch intervals at {100 * verdict_level(len(intervals)):.4g}% "
            f"for each of the {len(intervals)} accuracy measures compared (Bonferroni: a "
            f"{100 * VERDICT_ERROR:g}% chance in all of a difference shown where there is "
            f"none): " + "; ".join(f"{key} [{low:+.3f}, {high:+.3f}]"
