@@ -128,7 +128,8 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "fake_rendering": "train.fake_rendering", "klevel": "topagg.klevel",
                "aggregation": "topagg.method", "sketch_accounting": "topagg.sketch_accounting",
                "signsgd_dept": "train.data_dependent_analysis",
-               "generator_ema": "train.generator_ema"}
+               "generator_ema": "train.generator_ema",
+               "training_records": "train.training_records"}
 
 
 def _field(config: cfg.DataLensConfig, dotted: str):
@@ -273,6 +274,11 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="sample from an exponential moving average of the generator's weights with "
              "this decay (post-processing, no privacy cost; 0: off)")
     add("--max_records", type=int, help="train on the first N records only")
+    add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
+        help="which training records: all (the paper's); private (all but the last "
+             "10,000, the tuning split, which this run never reads: for a configuration "
+             "tuned on that split); tuning (the tuning split's first 8,000: a screening "
+             "run, not a private release of the private records)")
     add("--quiet", action="store_true", help="no progress bar")
     add("--restart", action="store_true", help="set the run in --checkpoint_dir aside "
         "(renamed to <dir>.old-<time>, never deleted) and start over; without it an "

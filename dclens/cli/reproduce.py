@@ -20,6 +20,7 @@ import shlex
 import sys
 
 from dclens.cli import common_flags
+from dclens.data import splits
 from dclens.datalens import config as cfg
 from dclens.privacy.accounting import Conversion
 from dclens.common import tf_env  # noqa: E402
@@ -83,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "epsilon) [default: the paper's classic]")
     add("--generator_ema", type=float, metavar="DECAY", help="beyond the paper: sample a "
         "moving average of the generator's weights (post-processing)")
+    add("--training_records", choices=[r.value for r in splits.TrainingRecords],
+        help="beyond the paper: private trains on all but the last 10,000 records (the "
+             "tuning split a tuned configuration was chosen on); tuning is a screening "
+             "run on that split, scored on its holdout instead of the test set "
+             "[default: all, the paper's]")
     add("--out", help="report directory (default results/<name>)")
     common_flags.add_run_dir(parser, required=False, restart=False,
                              help_text="training run directory (default "
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
             balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
             sigma_scale=args.sigma_scale, conversion=args.conversion,
-            generator_ema=args.generator_ema)
+            generator_ema=args.generator_ema, training_records=args.training_records)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

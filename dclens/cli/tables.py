@@ -7,11 +7,13 @@ and one table with the paper's numbers beside ours.
   python scripts/tables.py --table 7 fashion_mnist --teachers 200 --max_records 3000 --matched_noise
   python scripts/tables.py --table 7 fashion_mnist --row fashion_mnist-eps1-no_topk   # one row
   python scripts/tables.py --table 7 fashion_mnist --render      # the table so far, no training
+  python scripts/tables.py --table levers fashion_mnist --teachers 200 --max_records 3000 --matched_noise --training_records tuning
   python scripts/tables.py --table 6 fashion_mnist --bench results/tables/bench-table6-fmnist-eps1-4000-t200.json
 
 Tables: 7 (ablation: - top-k, - stochastic quantisation, - threshold), 5 (TopAgg vs
 D2P-Fed vs FetchSGD; their seconds per epoch are Table 6), 4k / 4t / 4b (Table 4(a):
-top-k, teachers, beta).  All at epsilon = 1 (the paper's).  Table 6 alone is no training:
+top-k, teachers, beta); levers (beyond the paper: exact accounting, generator averaging;
+it chooses hyper-parameters, so it runs on the tuning split only).  All at epsilon = 1 (the paper's).  Table 6 alone is no training:
 it is read from a scripts/bench.py report that ran one configuration with several
 --aggregation values (see that script), into results/tables/table6-<dataset>/.  Each row is a reproduction
 (scripts/reproduce.py) in results/tables/<table>-<dataset>[-scale]/<row>/ with its run in
@@ -30,6 +32,7 @@ import os
 import sys
 
 from dclens.cli import common_flags
+from dclens.data import splits
 from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
@@ -45,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
     add = parser.add_argument
     add("dataset", choices=("mnist", "fashion_mnist", "celebA-gender"))
-    add("--table", required=True, choices=("7", "5", "6", "4k", "4t", "4b"))
+    add("--table", required=True, choices=("7", "5", "6", "4k", "4t", "4b", "levers"))
     add("--bench", help="Table 6: the scripts/bench.py JSON report to read")
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--scale", type=float, help="fraction of the paper's teachers")
@@ -56,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the epsilon the paper's steps then cost: the paper's noise relative to the vote "
         "sum, so the rows can differ (NOT epsilon = 1; the table says so)")
     add("--train_epochs", type=int, help="cap every row's training at N epochs")
+    add("--training_records", choices=[r.value for r in splits.TrainingRecords],
+        help="which training records every row reads: all (the paper's); tuning (the "
+             "tuning split, scored on its holdout instead of the test set: required by "
+             "the levers table, which chooses hyper-parameters); private (all but the "
+             "tuning split) [default: all]")
     add("--num_samples", type=int, help="synthetic samples per row (paper: 100000)")
     common_flags.add_data(parser)
     add("--teacher_chunk", type=int)
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset=args.dataset, eps=1, scale=args.scale, teachers=args.teachers,
             epochs=args.train_epochs, num_samples=args.num_samples,
             max_records=args.max_records, data_dir=args.data_dir,
-            teacher_chunk=args.teacher_chunk)
+            teacher_chunk=args.teacher_chunk, training_records=args.training_records)
         if args.matched_noise and args.table != "6":
             base = tables.matched_noise(base)
     except paper_rows.ReproduceError as error:

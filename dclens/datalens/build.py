@@ -11,15 +11,18 @@ import numpy as np
 
 from dclens.datalens import teacher_bank
 from dclens import data
+from dclens.data import splits
 from dclens.datalens import networks, teachers, topagg
 from dclens.datalens.config import DataLensConfig
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble
 
 
 def load_training_data(config: DataLensConfig) -> data.LabeledImages:
-    """The private training split named by the config (first ``max_records`` if set)."""
-    return data.load_dataset(config.train.dataset, config.train.data_dir, split="train",
-                             limit=config.train.max_records)
+    """The private training records named by the config: its ``training_records`` of the
+    dataset's training split, the first ``max_records`` of them if set."""
+    return splits.load_training_records(config.train.dataset, config.train.data_dir,
+                                        config.train.training_records,
+                                        limit=config.train.max_records)
 
 
 #: Teacher ensemble implementations (same results within float32 round-off).

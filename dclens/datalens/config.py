@@ -17,6 +17,7 @@ import enum
 import json
 from typing import Any, Mapping
 
+from dclens.data.splits import TrainingRecords
 from dclens.privacy.accounting import Conversion
 from dclens.common.field_checks import is_finite_number, is_int
 
@@ -286,7 +287,13 @@ class TrainConfig:
       num_samples: synthetic samples written at the end.
       conv_path: how the teachers' convolutions run (:class:`ConvPath`; speed only).
       max_records: use only the first ``max_records`` training records (tests, demos);
-        ``None`` = all.
+        ``None`` = all.  With ``training_records``, the first of those records.
+      training_records: which records of the training split the run reads
+        (:class:`dclens.data.splits.TrainingRecords`): ``all`` (the paper's, the default),
+        ``private`` (all but the last 10,000, which are the tuning split: the records a
+        tuned configuration's private runs train on; the guarantee covers them) or
+        ``tuning`` (the tuning split without its holdout: a screening run, whose results
+        may choose hyper-parameters because no private run reads these records).
       fake_rendering: how the teachers' fake batches are rendered (:class:`FakeRendering`;
         ``teacher_labels`` is the authors' way).
       save_votes: what of every round is written to ``<run>/votes/`` (:class:`SaveVotes`).
@@ -323,8 +330,12 @@ class TrainConfig:
     data_dependent_analysis: bool = False
     save_votes: SaveVotes = SaveVotes.NONE
     generator_ema: float = 0.0
+    training_records: TrainingRecords = TrainingRecords.ALL
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.training_records, TrainingRecords),
+                 f"training_records must be one of {[r.value for r in TrainingRecords]}, "
+                 f"got {self.training_records!r}")
         _require(is_finite_number(self.generator_ema) and 0 <= self.generator_ema < 1,
                  f"generator_ema must be a decay in [0, 1) (0: no average; e.g. 0.9 over "
                  f"~100 student updates), got {self.generator_ema!r}")
@@ -421,7 +432,7 @@ class DataLensConfig:
         return cls(
             train=build(TrainConfig, data.get("train", {}),
                         {"conv_path": ConvPath, "fake_rendering": FakeRendering,
-                         "save_votes": SaveVotes}),
+                         "save_votes": SaveVotes, "training_records": TrainingRecords}),
             topagg=build(TopAggConfig, data.get("topagg", {}),
                          {"method": Aggregation, "sketch_accounting": SketchAccounting}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),

@@ -43,6 +43,7 @@ import numpy as np
 
 from dclens.evaluation import authors_protocol, classifiers
 from dclens import data
+from dclens.data import splits
 from dclens.common import export
 from dclens.evaluation import quality as quality_scores
 from dclens.evaluation.synthetic_input import (EvaluationError, base_dataset, load_synthetic,
@@ -63,6 +64,12 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+#: What classifiers are scored on (:attr:`EvalSettings.test_set`).
+TEST = "test"
+TUNING_HOLDOUT = "tuning_holdout"
+TEST_SETS = (TEST, TUNING_HOLDOUT)
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Everything that decides an evaluation's numbers (recorded in its JSON).
@@ -74,6 +81,10 @@ class EvalSettings:
       max_samples: evaluate a seeded random subset of this many synthetic samples
         (None = all).
       test_limit: use only the first ``test_limit`` real test records (None = all).
+      test_set: what the classifiers are scored on: :data:`TEST` (the real test split)
+        or :data:`TUNING_HOLDOUT` (the tuning split's holdout,
+        :mod:`dclens.data.splits`): a screening run's scores, which may then choose
+        hyper-parameters without having looked at the test set.
       sen_on_all_data: train a second classifier on all synthetic data for ``sen``.
       quality: compute domain-classifier IS/FID.
       quality_samples: synthetic (and real test) images used for IS/FID; FID depends on
@@ -89,6 +100,7 @@ class EvalSettings:
     seed: int = 0
     max_samples: int | None = None
     test_limit: int | None = None
+    test_set: str = TEST
     sen_on_all_data: bool = False
     quality: bool = True
     quality_samples: int = 10_000
@@ -115,8 +127,25 @@ class EvalSettings:
                     f"{name} must be None or an integer >= 1, got {value!r}")
         require(_is_int(self.quality_samples) and self.quality_samples >= 2,
                 f"quality_samples must be an integer >= 2, got {self.quality_samples!r}")
+        require(self.test_set in TEST_SETS,
+                f"test_set must be one of {list(TEST_SETS)}, got {self.test_set!r}")
         require(isinstance(self.domain, quality_scores.DomainSettings),
                 f"domain must be a DomainSettings, got {self.domain!r}")
+        screening = self.test_set == TUNING_HOLDOUT
+        tuned_domain = self.domain.training_records is splits.TrainingRecords.TUNING
+        require(not self.quality or screening == tuned_domain,
+                "a screening evaluation (test_set tuning_holdout) scores IS/FID with a domain "
+                "classifier of the tuning split, and an ordinary one with one of all "
+                "records; got test_set "
+                f"{self.test_set!r} with a domain classifier of "
+                f"{self.domain.training_records.value!r} records (use "
+                "EvalSettings.for_screening())")
+
+    def for_screening(self) -> "EvalSettings":
+        """These settings scored on the tuning holdout, IS/FID with a domain classifier of
+        the tuning split: nothing of the private records or the test set is looked at."""
+        return self.replace(test_set=TUNING_HOLDOUT, domain=dataclasses.replace(
+            self.domain, training_records=splits.TrainingRecords.TUNING))
 
     def replace(self, **changes) -> "EvalSettings":
         return dataclasses.replace(self, **changes)
@@ -126,6 +155,9 @@ class EvalSettings:
         values["schedule"] = self.schedule.to_dict()
         values["domain"] = self.domain.to_dict()
         values["authors"] = None if self.authors is None else self.authors.to_dict()
+        if self.test_set == TEST:
+            # Absent means the test split: the key of every cache written before the option.
+            del values["test_set"]
         return values
 
     def seeds(self) -> dict[str, int]:
@@ -145,8 +177,14 @@ def official_settings(dataset: str, **changes) -> EvalSettings:
 # ------------------------------------------------------------------ dataset names
 
 def load_test(dataset: str, data_dir: str | os.PathLike | None = None, *,
-              limit: int | None = None) -> data.LabeledImages:
-    """The real test split of ``dataset`` (first ``limit`` records if given)."""
+              limit: int | None = None, test_set: str = "test") -> data.LabeledImages:
+    """The real test split of ``dataset``, or with ``test_set`` :data:`TUNING_HOLDOUT` the
+    tuning holdout of its training split (first ``limit`` records if given)."""
+    if test_set == TUNING_HOLDOUT:
+        return splits.load_tuning_holdout(train_split_name(dataset), data_dir, limit=limit)
+    if test_set != TEST:
+        raise EvaluationError(f"test_set must be one of {list(TEST_SETS)}, got "
+                              f"{test_set!r}")
     name = quality_scores.test_split_name(train_split_name(dataset))
     if name is None:
         raise EvaluationError(f"no real test split is known for dataset {dataset!r}; use "
@@ -436,7 +474,8 @@ def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
     if data_dir is None and saved:
         data_dir = saved["train"].get("data_dir")
     synthetic, kind = load_synthetic(path, dataset)
-    test = load_test(dataset, data_dir, limit=settings.test_limit)
+    test = load_test(dataset, data_dir, limit=settings.test_limit,
+                     test_set=settings.test_set)
     record = evaluate(synthetic, test, settings, data_dir=data_dir, cache_dir=cache_dir,
                       input_kind=kind, authors_state_path=authors_state_path, log=log)
     record["input"]["path"] = os.fspath(path)
@@ -446,10 +485,14 @@ def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
 def evaluate_real(dataset: str, data_dir: str | None = None, *,
                   settings: EvalSettings = EvalSettings(), cache_dir: str | None = None,
                   log: Callable[[str], None] = print) -> dict:
-    """The reference row: the same classifier trained on the real training data."""
-    real = data.load_dataset(train_split_name(dataset), data_dir, split="train",
-                             progress=False)
-    test = load_test(dataset, data_dir, limit=settings.test_limit)
+    """The reference row: the same classifier trained on the real training data (for a
+    screening evaluation, on the tuning split's training records)."""
+    records = (splits.TrainingRecords.TUNING if settings.test_set == TUNING_HOLDOUT
+               else splits.TrainingRecords.ALL)
+    real = splits.load_training_records(train_split_name(dataset), data_dir, records,
+                                        progress=False)
+    test = load_test(dataset, data_dir, limit=settings.test_limit,
+                     test_set=settings.test_set)
     return evaluate(real, test, settings, data_dir=data_dir, cache_dir=cache_dir,
                     input_kind="real_train", log=log)
 

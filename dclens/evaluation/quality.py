@@ -34,6 +34,7 @@ import numpy as np
 
 from dclens.evaluation import classifiers
 from dclens import data
+from dclens.data import splits
 from dclens.common import export
 
 CACHE_ENV = "DCLENS_CACHE"
@@ -164,11 +165,17 @@ class DomainSettings:
       schedule: optimizer, learning rate, batch size, epochs.
       seed: initialisation / dropout / shuffle seed.
       train_limit: use only the first ``train_limit`` real training records (tests).
+      training_records: which training records it learns from
+        (:class:`dclens.data.splits.TrainingRecords`): ``all``, or ``tuning`` for a
+        screening run's scores, which may then choose hyper-parameters without having
+        looked at the private records or the test set (its accuracy is then measured on
+        the tuning holdout).
     """
 
     schedule: classifiers.Schedule = classifiers.Schedule(epochs=10, batch_size=128)
     seed: int = 0
     train_limit: int | None = None
+    training_records: splits.TrainingRecords = splits.TrainingRecords.ALL
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, classifiers.Schedule):
@@ -179,10 +186,20 @@ class DomainSettings:
                                              or self.train_limit < 2):
             raise ValueError(f"train_limit must be None or an integer >= 2, got "
                              f"{self.train_limit!r}")
+        object.__setattr__(self, "training_records",
+                           splits.TrainingRecords.parse(self.training_records))
+        if self.training_records not in (splits.TrainingRecords.ALL,
+                                         splits.TrainingRecords.TUNING):
+            raise ValueError(f"the domain classifier learns from all training records or "
+                             f"the tuning split, got {self.training_records!r}")
 
     def to_dict(self) -> dict:
-        return {"schedule": self.schedule.to_dict(), "seed": self.seed,
-                "train_limit": self.train_limit, "architecture": "authors_classifier"}
+        values = {"schedule": self.schedule.to_dict(), "seed": self.seed,
+                  "train_limit": self.train_limit, "architecture": "authors_classifier"}
+        # Absent means all records: the key of every cache written before the option.
+        if self.training_records is not splits.TrainingRecords.ALL:
+            values["training_records"] = self.training_records.value
+        return values
 
     def key(self, dataset: str, data_dir: str | os.PathLike | None) -> str:
         """Cache key: dataset + a hash of these settings and the data location."""
@@ -256,8 +273,8 @@ def domain_classifier(dataset: str, data_dir: str | os.PathLike | None = None, *
     log(f"domain classifier for IS/FID: training on the real {dataset} training split "
         f"(cached afterwards in {model_path})")
     started = time.perf_counter()
-    real = data.load_dataset(dataset, data_dir, split="train", limit=settings.train_limit,
-                             progress=False)
+    real = splits.load_training_records(dataset, data_dir, settings.training_records,
+                                        limit=settings.train_limit, progress=False)
     model = classifiers.build_classifier(real.spec.image_shape, real.spec.num_classes,
                                          seed=settings.seed, name="domain_classifier")
     classifiers.compile_for(model, settings.schedule)
@@ -270,9 +287,13 @@ def domain_classifier(dataset: str, data_dir: str | os.PathLike | None = None, *
     test_name = test_split_name(dataset)
     if test_name is not None:
         try:
-            test = data.load_dataset(test_name, data_dir, split="test", progress=False)
+            test = (splits.load_tuning_holdout(dataset, data_dir)
+                    if settings.training_records is splits.TrainingRecords.TUNING
+                    else data.load_dataset(test_name, data_dir, split="test", progress=False))
             info["test_accuracy"] = classifiers.accuracy(model, test.images, test.labels)
-            log(f"domain classifier: real test accuracy {info['test_accuracy']:.4f}")
+            info["test_records"] = test.source
+            log(f"domain classifier: real test accuracy {info['test_accuracy']:.4f} "
+                f"({test.source})")
         except data.DataError as error:   # the score does not need it; say why it is absent
             info["test_accuracy_unavailable"] = str(error)
     with export.atomic_path(model_path) as temporary:

@@ -15,6 +15,7 @@ import math
 import os
 
 from dclens import data
+from dclens.data import splits
 from dclens.datalens import config as cfg
 from dclens.datalens import networks, teachers as teacher_module
 from dclens.privacy import accounting
@@ -76,6 +77,11 @@ class ReproduceOptions:
       conversion, generator_ema: levers beyond the paper (listed as deviations): ``pld``
         accounts exactly instead of by the classic RDP conversion, so the same budget
         allows more steps; ``generator_ema`` samples a moving average of the generator.
+      training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
+        paper's), ``private`` (a tuned configuration's private run: the tuning split is
+        left out) or ``tuning`` (a screening run: trained on the tuning split and scored
+        on its holdout instead of the test set, so its results may choose
+        hyper-parameters).
     """
 
     dataset: str = "fashion_mnist"
@@ -97,6 +103,7 @@ class ReproduceOptions:
     sigma_scale: float | None = None
     conversion: str | None = None
     generator_ema: float | None = None
+    training_records: str | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -143,13 +150,35 @@ class ReproduceOptions:
                 or not 0 <= self.generator_ema < 1):
             raise ReproduceError(f"generator_ema must be a decay in [0, 1), got "
                                  f"{self.generator_ema!r}")
+        if self.training_records is not None and self.training_records not in {
+                r.value for r in splits.TrainingRecords}:
+            raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
+                                 f"one of {[r.value for r in splits.TrainingRecords]}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
                      "topk"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ReproduceError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_records is not None and self.max_records > self.available_records:
+            raise ReproduceError(f"max_records {self.max_records} exceeds the "
+                                 f"{self.available_records} {self.records.value} training "
+                                 f"records of {self.dataset}")
 
+    @property
+    def records(self) -> splits.TrainingRecords:
+        """Which training records the run reads (``all`` unless set)."""
+        return splits.TrainingRecords(self.training_records or "all")
+
+    @property
+    def available_records(self) -> int:
+        """How many records :attr:`records` holds (before ``max_records``)."""
+        return len(splits.record_range(TRAIN_RECORDS[self.dataset], self.records))
+
+    @property
+    def screening(self) -> bool:
+        """Whether this is a screening run (trained on the tuning split)."""
+        return self.records is splits.TrainingRecords.TUNING
     @property
     def paper_accuracy(self) -> float:
         return PAPER_TABLE1[(self.dataset, self.eps)]
@@ -187,6 +216,8 @@ class ReproduceOptions:
             name += f"-{self.conversion}"
         if self.generator_ema:
             name += f"-ema{self.generator_ema:g}"
+        if self.records is not splits.TrainingRecords.ALL:
+            name += f"-{self.records.value}"
         if self.non_private:
             name += "-nonprivate"
         return name
@@ -235,7 +266,7 @@ def _scale_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
                       train: dict) -> list[str]:
     """Teachers, records, samples, chunk and epochs (``train``'s settings) and their words."""
     paper_teachers = paper.train.num_teachers
-    records = options.max_records or TRAIN_RECORDS[options.dataset]
+    records = options.max_records or options.available_records
     paper_batch = min(paper.train.batch_size, TRAIN_RECORDS[options.dataset] // paper_teachers)
     teachers = options.resolved_teachers(paper_teachers)
     deviations: list[str] = []
@@ -264,7 +295,9 @@ def _scale_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
                           f"budget match the paper run")
     if options.max_records is not None:
         train["max_records"] = options.max_records
-        deviations.append(f"trained on the first {options.max_records} records only")
+        which = ("" if options.records is splits.TrainingRecords.ALL
+                 else f" {options.records.value}")
+        deviations.append(f"trained on the first {options.max_records}{which} records only")
     if options.num_samples is not None and options.num_samples != paper.train.num_samples:
         train["num_samples"] = options.num_samples
         deviations.append(f"{options.num_samples} synthetic samples instead of the paper's "
@@ -311,6 +344,10 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: samples from a moving average of the "
                           f"generator's weights, decay {options.generator_ema:g} "
                           f"(post-processing)")
+    if options.records is not splits.TrainingRecords.ALL:
+        train["training_records"] = options.records
+        deviations.append("beyond the paper: trained on " + splits.describe(
+            options.records, TRAIN_RECORDS[options.dataset]))
     return deviations
 
 
@@ -332,7 +369,7 @@ def _noise_matched(options: ReproduceOptions, paper: cfg.DataLensConfig, topagg:
 def _non_private(options: ReproduceOptions,
                  config: cfg.DataLensConfig) -> tuple[cfg.DataLensConfig, str]:
     """The eps = inf reference: no noise, as many whole epochs as the private run's steps."""
-    records = options.max_records or TRAIN_RECORDS[options.dataset]
+    records = options.max_records or options.available_records
     batch = min(config.train.batch_size, records // config.train.num_teachers)
     steps = accounting.max_steps_within(
         sigma=config.topagg.sigma, topk=config.topagg.topk,

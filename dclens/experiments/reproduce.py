@@ -126,6 +126,9 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
     started_at = provenance(command)
     config, deviations = build_config(options)
     settings = settings or evaluate.EvalSettings()
+    if options.screening and settings.test_set != evaluate.TUNING_HOLDOUT:
+        # A screening run is scored on the tuning holdout, never on the test set.
+        settings = settings.for_screening()
     name = options.default_name()
     out_dir = out_dir or os.path.join("results", name)
     paths = rundir.RunPaths(run_dir or os.path.join("runs", "reproduce", name))
@@ -279,7 +282,8 @@ def _reported_run(out_dir: str, run_dir: str | None, what: str):
         raise ReproduceError(f"{samples_path} holds {len(synthetic)} samples but the report "
                              f"evaluated {record['input']['given_samples']}: not the same run")
     test = evaluate.load_test(dataset, report["config"]["train"].get("data_dir"),
-                              limit=record["settings"].get("test_limit"))
+                              limit=record["settings"].get("test_limit"),
+                              test_set=record["settings"].get("test_set", evaluate.TEST))
     return path, report, run_dir, synthetic, test
 
 
@@ -301,7 +305,8 @@ def add_quality(out_dir: str, *, run_dir: str | None = None, cache_dir: str | No
         synthetic, test, samples=settings["quality_samples"], seed=seeds["quality"],
         domain=quality_scores.DomainSettings(
             schedule=classifiers.Schedule(**domain["schedule"]), seed=domain["seed"],
-            train_limit=domain.get("train_limit")),
+            train_limit=domain.get("train_limit"),
+            training_records=domain.get("training_records", "all")),
         data_dir=report["config"]["train"].get("data_dir"), cache_dir=cache_dir, log=log)
     result["provenance"] = provenance(command)
     report = _read_json(path)
