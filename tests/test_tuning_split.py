@@ -14,7 +14,7 @@ from dclens.data import splits
 from dclens.datalens import build, resume, run
 from dclens.datalens.config import TrainingRecords
 from dclens.evaluation import evaluate, quality
-from dclens.experiments import paper_rows, tables
+from dclens.experiments import beyond, paper_rows, tables
 from conftest import load_script, write_idx
 from test_end_to_end import tiny_config
 from test_reproduce import TINY_EVAL
@@ -133,18 +133,26 @@ def test_a_private_run_is_bit_identical_whatever_the_tuning_split_holds(
     assert not np.array_equal(full[0].images, full[1].images)
 
 
-def test_a_screening_reproduction_never_reads_the_test_set(indexed_dir, tmp_path):
-    """The data set has no test split at all: a screening run (trained on the tuning
-    split) still evaluates, on the tuning holdout, IS/FID and the real reference included;
-    an ordinary evaluation of the same samples cannot even start."""
+@pytest.fixture(scope="module")
+def screening_report(indexed_dir, tmp_path_factory):
+    """A tiny screening reproduction (trained on the tuning split) on the data set without
+    a test split."""
+    root = tmp_path_factory.mktemp("screening")
     argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
             "--num_samples", "60", "--train_epochs", "1", "--seed", "3",
             "--teacher_chunk", "4", "--data_dir", str(indexed_dir),
             "--training_records", "tuning",
-            "--out", str(tmp_path / "report"), "--run_dir", str(tmp_path / "run"),
-            "--cache_dir", str(tmp_path / "cache"), "--quiet", *TINY_EVAL]
+            "--out", str(root / "report"), "--run_dir", str(root / "run"),
+            "--cache_dir", str(root / "cache"), "--quiet", *TINY_EVAL]
     assert reproduce_cli.main(argv) == 0
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    return root
+
+
+def test_a_screening_reproduction_never_reads_the_test_set(indexed_dir, screening_report):
+    """The data set has no test split at all: a screening run (trained on the tuning
+    split) still evaluates, on the tuning holdout, IS/FID and the real reference included;
+    an ordinary evaluation of the same samples cannot even start."""
+    report = json.loads((screening_report / "report" / "report.json").read_text())
     assert report["name"].endswith("-tuning")
     assert report["config"]["train"]["training_records"] == "tuning"
     assert report["evaluation"]["settings"]["test_set"] == evaluate.TUNING_HOLDOUT
@@ -152,9 +160,44 @@ def test_a_screening_reproduction_never_reads_the_test_set(indexed_dir, tmp_path
     assert any("tuning holdout" in d for d in report["deviations"])
     assert report["real_reference"] is not None
     with pytest.raises(Exception, match="could not find 'fashion_mnist' split 'test'"):
-        evaluate.evaluate_path(str(tmp_path / "run" / "samples.npz"), "fashion_mnist",
-                               data_dir=str(indexed_dir),
+        evaluate.evaluate_path(str(screening_report / "run" / "samples.npz"),
+                               "fashion_mnist", data_dir=str(indexed_dir),
                                settings=evaluate.EvalSettings(quality=False))
+
+
+def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first(
+        screening_report, tmp_path):
+    """results/beyond/README.md from files: two paper-scale reports of one configuration
+    (different seeds) make one row of 2 runs; a levers table's rows show their change in
+    val against its first row; nothing there yet says so."""
+    beyond_dir = tmp_path / "beyond"
+    empty = beyond.render(str(tmp_path / "no-results"), str(beyond_dir))
+    assert "No tuned configuration has run" in empty and "No levers table" in empty
+    report = json.loads((screening_report / "report" / "report.json").read_text())
+    for seed, run_name in ((3, "run-a"), (4, "run-b")):
+        folder = beyond_dir / beyond.PAPER_SCALE_DIR / run_name
+        folder.mkdir(parents=True)
+        copy = json.loads(json.dumps(report))
+        copy["options"]["seed"] = seed
+        copy["evaluation"]["protocols"]["val"]["accuracy"] = 0.5 + seed / 100
+        (folder / "report.json").write_text(json.dumps(copy))
+    rows = beyond.tuned_rows(str(beyond_dir))
+    assert len(rows) == 1 and rows[0]["runs"] == ["run-a", "run-b"]
+    n, mean, sd = rows[0]["val"]
+    assert n == 2 and mean == pytest.approx(0.535) and sd == pytest.approx(0.00707, abs=1e-5)
+    assert rows[0]["records"] == "tuning"
+    table_dir = beyond_dir / "levers-x"
+    table_dir.mkdir()
+    finished = {"status": "finished", "sen": 0.5, "label_agreement": 0.3, "epsilon": 28.1,
+                "steps": 86}
+    (table_dir / "table.json").write_text(json.dumps({"table": "levers", "rows": [
+        {**finished, "row": "base", "changes": {}, "val": 0.40},
+        {**finished, "row": "pld", "changes": {"conversion": "pld"}, "val": 0.47},
+        {"row": "ema", "changes": {"generator_ema": 0.9}, "status": "not run"}]}))
+    text = beyond.render(str(tmp_path / "no-results"), str(beyond_dir))
+    assert "| pld | 0.4700 | +0.0700 |" in text and "| base | 0.4000 | +0.0000 |" in text
+    assert "| ema | not run |" in text
+    assert "0.5350 +- 0.0071 (2 runs)" in text
 
 
 def test_screening_settings_are_consistent_and_the_defaults_keep_their_cache_keys():

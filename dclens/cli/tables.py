@@ -13,7 +13,10 @@ and one table with the paper's numbers beside ours.
 Tables: 7 (ablation: - top-k, - stochastic quantisation, - threshold), 5 (TopAgg vs
 D2P-Fed vs FetchSGD; their seconds per epoch are Table 6), 4k / 4t / 4b (Table 4(a):
 top-k, teachers, beta); levers (beyond the paper: exact accounting, generator averaging;
-it chooses hyper-parameters, so it runs on the tuning split only).  All at epsilon = 1 (the paper's).  Table 6 alone is no training:
+it chooses hyper-parameters, so it runs on the tuning split only, and it also rewrites
+README.md in the folder above its own -- results/beyond/README.md by default -- from
+every levers table there, the paper-scale runs in its paper-scale/ folder and the Table 1
+reports one folder further up).  All at epsilon = 1 (the paper's).  Table 6 alone is no training:
 it is read from a scripts/bench.py report that ran one configuration with several
 --aggregation values (see that script), into results/tables/table6-<dataset>/.  Each row is a reproduction
 (scripts/reproduce.py) in results/tables/<table>-<dataset>[-scale]/<row>/ with its run in
@@ -36,7 +39,7 @@ from dclens.data import splits
 from dclens.common import tf_env
 
 from dclens.cli.evaluate import add_eval_arguments, settings_from_args
-from dclens.experiments import tables
+from dclens.experiments import beyond, tables
 from dclens.experiments import paper_rows
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
@@ -122,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     scale_tag = base.default_name()[len(f"{args.dataset}-eps1"):]
-    out = args.out or os.path.join("results", "tables",
-                                   f"table{args.table}-{args.dataset}{scale_tag}")
+    out = args.out or (os.path.join("results", "beyond", f"levers-{args.dataset}{scale_tag}")
+                       if args.table in tables.SCREENING_TABLES else
+                       os.path.join("results", "tables",
+                                    f"table{args.table}-{args.dataset}{scale_tag}"))
     if args.dry_run:
         for row in tables.TABLES[args.table][1]:
             options = tables.row_options(base, row)
@@ -144,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     except (paper_rows.ReproduceError, RunDirError, ValueError, OSError) as error:
         print(f"tables.py: error: {error}", file=sys.stderr)
         return 2
+    if args.table in tables.SCREENING_TABLES:
+        # results/beyond/README.md: this table beside the others and the paper-scale runs.
+        beyond_dir = os.path.dirname(os.path.abspath(out))
+        print(f"summary: {beyond.write_readme(beyond_dir, os.path.dirname(beyond_dir))}")
     for row in summary["rows"]:
         if row["status"] != "finished":
             print(f"{row['row']}: not run | paper {row['paper']}")

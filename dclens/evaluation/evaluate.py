@@ -429,11 +429,13 @@ def _note_the_domain_classifier(synthetic: data.LabeledImages, settings: EvalSet
             cache_dir=cache_dir) is not None:
         return
     epochs = settings.domain.schedule.epochs
-    log(f"note: IS/FID need a domain classifier, trained once on the real training split "
+    screening = settings.domain.training_records is splits.TrainingRecords.TUNING
+    records = "the tuning split's records" if screening else "the real training split"
+    log(f"note: IS/FID need a domain classifier, trained once on {records} "
         f"and then cached ({cache_dir or quality_scores.default_cache_dir()}): {epochs} "
         f"epochs, about {epochs * quality_scores.DOMAIN_SECONDS_PER_EPOCH_2_CORES / 60:.0f}"
-        " min on 2 CPU cores for Fashion-MNIST, after the classifiers below; "
-        "--no_quality skips it")
+        " min on 2 CPU cores for Fashion-MNIST's whole training split, after the "
+        "classifiers below; --no_quality skips it")
 
 
 def _fit(images: np.ndarray, labels: np.ndarray, test: data.LabeledImages,
