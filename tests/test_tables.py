@@ -218,3 +218,32 @@ def test_table6_refuses_reports_it_cannot_compare(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["fashion_mnist", "--table", "7", "--bench", write([])])
     assert "--bench FILE goes with --table 6" in capsys.readouterr().err
+
+
+def test_a_matched_row_accounted_by_pld_runs_the_steps_pld_gives_the_paper_config():
+    """The noise-matched small model of "the paper config accounted by pld": the paper's
+    sigma relative to the vote sum and the steps pld allows the paper config at epsilon 1
+    (more than the classic conversion's), under the budget those steps cost here."""
+    from dclens.privacy import accounting
+
+    def steps_of(options):
+        config, deviations = paper_rows.build_config(options)
+        orders = (accounting.classic_orders(config.budget.max_order)
+                  if config.budget.conversion is accounting.Conversion.CLASSIC else None)
+        return config, deviations, accounting.max_steps_within(
+            sigma=config.topagg.sigma, topk=config.topagg.topk, queries_per_step=15,
+            max_eps=config.budget.max_eps, delta=config.budget.delta,
+            conversion=config.budget.conversion, orders=orders)
+
+    base = paper_rows.ReproduceOptions("fashion_mnist", 1, teachers=200, max_records=3000)
+    classic, _, classic_steps = steps_of(tables.matched_noise(base))
+    pld, deviations, pld_steps = steps_of(tables.matched_noise(
+        dataclasses.replace(base, conversion="pld")))
+    paper_classic = paper_rows.paper_steps("fashion_mnist", 1)
+    paper_pld = paper_rows.paper_steps("fashion_mnist", 1, accounting.Conversion.PLD)
+    assert paper_pld > paper_classic
+    assert (classic_steps, pld_steps) == (paper_classic, paper_pld)
+    assert pld.topagg.sigma == classic.topagg.sigma
+    assert pld.budget.max_eps > classic.budget.max_eps
+    assert any(f"runs the paper's {paper_pld} steps under the pld conversion" in d
+               for d in deviations)

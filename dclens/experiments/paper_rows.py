@@ -356,14 +356,21 @@ def _noise_matched(options: ReproduceOptions, paper: cfg.DataLensConfig, topagg:
     """The noise-matched reduced scale: sigma scaled, the budget raised to the paper's steps."""
     teachers = options.resolved_teachers(paper.train.num_teachers)
     topagg["sigma"] = paper.topagg.sigma * options.sigma_scale
-    budget["max_eps"] = matched_budget(options.dataset, options.eps, topagg["sigma"])
-    steps = paper_steps(options.dataset, options.eps)
+    # A run accounted otherwise than the paper (pld) is matched to the steps the paper
+    # config gets under that accounting: the small model of that run.
+    conversion = (accounting.Conversion(options.conversion) if options.conversion
+                  else paper.budget.conversion)
+    budget["max_eps"] = matched_budget(options.dataset, options.eps, topagg["sigma"],
+                                       conversion)
+    steps = paper_steps(options.dataset, options.eps, conversion)
+    accounted = ("" if conversion is paper.budget.conversion
+                 else f" under the {conversion.value} conversion")
     return (f"NOT epsilon = {options.eps}: sigma = {topagg['sigma']:g} ({options.sigma_scale:g} "
             f"x the paper's {paper.topagg.sigma:g}; at {teachers} teachers the noise relative "
             f"to the vote sum is the paper's at {teachers / options.sigma_scale:g}), and the "
             f"budget is raised to epsilon {budget['max_eps']:.4g}, between what the paper "
-            f"config's {steps} and {steps + 1} steps cost at that sigma, so TopAgg runs the "
-            f"paper's {steps} steps (a noise-matched reduced scale)")
+            f"config's {steps} and {steps + 1} steps cost at that sigma{accounted}, so TopAgg "
+            f"runs the paper's {steps} steps{accounted} (a noise-matched reduced scale)")
 
 
 def _non_private(options: ReproduceOptions,
@@ -389,28 +396,36 @@ def _non_private(options: ReproduceOptions,
                     f"paper's eps = inf column is a non-private DC-GAN, not this run")
 
 
-def _paper_accounting(dataset: str, eps: int) -> tuple[cfg.DataLensConfig, int, tuple | None]:
+def _paper_accounting(dataset: str, eps: int,
+                      conversion: accounting.Conversion | None = None
+                      ) -> tuple[cfg.DataLensConfig, int, tuple | None,
+                                 accounting.Conversion]:
     """The paper config of the Table 1 row, its TopAgg queries per step (B: 30 cut to the
-    15-record partitions, times g_step) and the RDP orders its budget is checked at."""
+    15-record partitions, times g_step), the RDP orders its budget is checked at and the
+    conversion (``conversion``, else the paper's)."""
     paper = cfg.paper_preset(dataset, eps)
+    conversion = conversion or paper.budget.conversion
     queries = min(paper.train.batch_size,
                   TRAIN_RECORDS[dataset] // paper.train.num_teachers) * paper.train.g_step
     orders = (accounting.classic_orders(paper.budget.max_order)
-              if paper.budget.conversion is accounting.Conversion.CLASSIC else None)
-    return paper, queries, orders
+              if conversion is accounting.Conversion.CLASSIC else None)
+    return paper, queries, orders, conversion
 
 
-def paper_steps(dataset: str, eps: int) -> int:
+def paper_steps(dataset: str, eps: int,
+                conversion: accounting.Conversion | None = None) -> int:
     """The steps the paper config of the Table 1 row (``dataset``, ``eps``) runs before
-    its budget: TopAgg with the paper's sigma and k, B queries per step."""
-    paper, queries, orders = _paper_accounting(dataset, eps)
+    its budget: TopAgg with the paper's sigma and k, B queries per step, its epsilon
+    obtained by ``conversion`` (default: the paper's; ``pld`` fits more steps)."""
+    paper, queries, orders, conversion = _paper_accounting(dataset, eps, conversion)
     return accounting.max_steps_within(
         sigma=paper.topagg.sigma, topk=paper.topagg.topk, queries_per_step=queries,
         max_eps=paper.budget.max_eps, delta=paper.budget.delta,
-        conversion=paper.budget.conversion, orders=orders)
+        conversion=conversion, orders=orders)
 
 
-def matched_budget(dataset: str, eps: int, sigma: float) -> float:
+def matched_budget(dataset: str, eps: int, sigma: float,
+                   conversion: accounting.Conversion | None = None) -> float:
     """The epsilon budget under which TopAgg with ``sigma`` (the paper's k and queries per
     step) runs exactly the paper row's :func:`paper_steps`: the midpoint between the
     epsilon after that many steps and after one more, so floating-point differences in
@@ -420,12 +435,16 @@ def matched_budget(dataset: str, eps: int, sigma: float) -> float:
     an analysis table (its own sensitivity, its own noise multiplier) runs the steps it
     would run at the paper's sigma and epsilon, up to rounding: the rows stay comparable
     as at the paper scale.
+
+    With ``conversion`` (e.g. ``pld``) both the paper's steps and this budget are
+    obtained by it: the small model of the paper config accounted that way (pld: the 149
+    steps the paper's epsilon = 1 then allows, not the 86 of the classic conversion).
     """
-    paper, queries, orders = _paper_accounting(dataset, eps)
-    steps = paper_steps(dataset, eps)
+    paper, queries, orders, conversion = _paper_accounting(dataset, eps, conversion)
+    steps = paper_steps(dataset, eps, conversion)
     at, after = (accounting.epsilon_for(
         sigma=sigma, topk=paper.topagg.topk, queries_per_step=queries, steps=n,
-        delta=paper.budget.delta, conversion=paper.budget.conversion,
+        delta=paper.budget.delta, conversion=conversion,
         orders=orders).epsilon for n in (steps, steps + 1))
     return (at + after) / 2
 
