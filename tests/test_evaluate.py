@@ -354,3 +354,27 @@ def test_damaged_sample_files_are_refused_by_name_with_the_fix(tmp_path, make, f
     assert cli.main([str(given), "--dataset", "fashion_mnist"]) == 2
     err = capsys.readouterr().err
     assert "not a readable" in err and "Traceback" not in err
+
+
+def test_label_confusion_counts_where_each_label_lands():
+    """Against a plain double loop: rows are the given labels, columns the classifier's
+    classes; each row with images sums to 1, its diagonal is that label's agreement, and
+    a label without images is a row of zeros."""
+    rng = np.random.default_rng(4)
+    probabilities = rng.dirichlet(np.ones(4), size=300)
+    labels = rng.choice([0, 1, 3], size=300)          # label 2 never given
+    confusion = quality.label_confusion(probabilities, labels)
+    predicted = probabilities.argmax(axis=1)
+    for y in range(4):
+        given = [i for i in range(300) if labels[i] == y]
+        for c in range(4):
+            expected = (sum(predicted[i] == c for i in given) / len(given)) if given else 0.0
+            assert confusion["matrix"][y][c] == pytest.approx(expected, abs=1e-12)
+    assert np.allclose(np.sum(confusion["matrix"], axis=1), [1, 1, 0, 1])
+    assert confusion["predicted_shares"] == pytest.approx(
+        [np.mean(predicted == c) for c in range(4)])
+    agreement = quality.label_agreement(probabilities, labels)
+    assert agreement == pytest.approx(sum(np.mean(labels == y) * confusion["matrix"][y][y]
+                                          for y in range(4)))
+    with pytest.raises(ValueError, match=r"labels have shape \(299,\)"):
+        quality.label_confusion(probabilities, labels[:299])

@@ -327,6 +327,27 @@ def label_agreement(probabilities: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(probabilities, axis=1) == labels))
 
 
+def label_confusion(probabilities: np.ndarray, labels: np.ndarray) -> dict:
+    """Where the samples of each label land: ``matrix[y][c]`` is the fraction of the
+    images labelled y that the domain classifier puts in class c (each row sums to 1; a
+    label without images has a row of zeros), and ``predicted_shares[c]`` the fraction of
+    all images put in class c.  The diagnostic behind a low :func:`label_agreement`: mass
+    spread over many classes (the label is ignored), or piled on a few (mode collapse)."""
+    labels = np.asarray(labels)
+    if labels.shape != (len(probabilities),):
+        raise ValueError(f"labels have shape {labels.shape}, expected "
+                         f"({len(probabilities)},) (one per image)")
+    classes = probabilities.shape[1]
+    predicted = np.argmax(probabilities, axis=1)
+    counts = np.zeros((classes, classes), np.int64)
+    np.add.at(counts, (labels, predicted), 1)
+    totals = counts.sum(axis=1, keepdims=True)
+    matrix = np.divide(counts, totals, out=np.zeros((classes, classes)), where=totals > 0)
+    return {"matrix": matrix.tolist(),
+            "predicted_shares": (np.bincount(predicted, minlength=classes)
+                                 / max(1, len(predicted))).tolist()}
+
+
 def quality_record(classifier: DomainClassifier, images: np.ndarray,
                    reference_images: np.ndarray, *, splits: int = 10,
                    labels: np.ndarray | None = None,
@@ -345,6 +366,7 @@ def quality_record(classifier: DomainClassifier, images: np.ndarray,
     agreement = {}
     if labels is not None:
         agreement["label_agreement"] = label_agreement(probabilities, labels)
+        agreement["label_confusion"] = label_confusion(probabilities, labels)
     if reference_labels is not None:
         agreement["reference_label_agreement"] = label_agreement(reference_probabilities,
                                                                  reference_labels)
