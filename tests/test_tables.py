@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from dclens.evaluation import classifiers, evaluate
@@ -247,3 +248,37 @@ def test_a_matched_row_accounted_by_pld_runs_the_steps_pld_gives_the_paper_confi
     assert pld.budget.max_eps > classic.budget.max_eps
     assert any(f"runs the paper's {paper_pld} steps under the pld conversion" in d
                for d in deviations)
+
+
+def test_a_repeated_row_shows_the_mean_and_sd_of_its_runs():
+    """--repeats N: the runs after the first are named -rep2, ...; the row's entry is the
+    mean of its runs with their sd, rendered so; one run stays a plain number."""
+    base = paper_rows.ReproduceOptions("fashion_mnist", 1, teachers=200, max_records=3000,
+                                       training_records="tuning")
+    row = tables.TABLES["levers"][1][1]
+    runs = tables.repeated(tables.row_options(base, row), 3)
+    names = [run.default_name() for run in runs]
+    assert names[1:] == [names[0] + "-rep2", names[0] + "-rep3"]
+    assert paper_rows.build_config(runs[2])[0] == paper_rows.build_config(runs[0])[0]
+    with pytest.raises(paper_rows.ReproduceError, match="an integer >= 2, got 1"):
+        dataclasses.replace(runs[0], repeat=1)
+
+    def report(val, sen, steps=149):
+        return {"accuracy": {"val": val, "sen": sen}, "quality": {"label_agreement": 0.25},
+                "privacy": {"steps": steps, "epsilon": {"epsilon": 36.4}},
+                "seconds": {"train": 600.0}, "partition_size": 15, "batch": 15,
+                "deviations": ["d"]}
+
+    values = [(0.30, 0.50), (0.40, 0.60), (0.35, 0.58)]
+    entry = tables._row_entry(row, runs[0], "fashion_mnist", [report(*v) for v in values])
+    assert entry["runs"] == 3
+    assert entry["val"] == pytest.approx(np.mean([v for v, _ in values]))
+    assert entry["val_sd"] == pytest.approx(np.std([v for v, _ in values], ddof=1))
+    assert entry["sen"] == pytest.approx(np.mean([s for _, s in values]))
+    assert tables._accuracy_cell(entry, "val") == (
+        f"{entry['val']:.4f} +- {entry['val_sd']:.4f} (3 runs)")
+    single = tables._row_entry(row, runs[0], "fashion_mnist", report(0.3, 0.5))
+    assert single["runs"] == 1 and tables._accuracy_cell(single, "val") == "0.3000"
+    with pytest.raises(SystemExit):
+        cli.main(["fashion_mnist", "--table", "levers", "--teachers", "200",
+                  "--training_records", "tuning", "--repeats", "0", "--dry_run"])

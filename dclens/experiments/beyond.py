@@ -152,9 +152,10 @@ def render(results_dir: str, beyond_dir: str) -> str:
     for table in tables:
         rows = table["rows"]
         base = rows[0]["val"] if rows and rows[0]["status"] == "finished" else None
-        lines += [f"`{table['folder']}` ([table](./{table['folder']}/table.md)): one run "
-                  "per row, scored on the tuning holdout. The first row is the paper's "
-                  "settings at this scale; the change is against it. One run's `val` moves "
+        lines += [f"`{table['folder']}` ([table](./{table['folder']}/table.md)): scored "
+                  "on the tuning holdout; a row of several runs shows their mean +- sd. "
+                  "The first row is the paper's settings at this scale; the change (of the "
+                  "means) is against it. One run's `val` moves "
                   "by about 0.07 (sd) between seeds at this kind of scale (the whole-run "
                   "study, `results/side-by-side/whole-runs/`), so single-run differences "
                   "below ~0.15 are not evidence.", "",
@@ -166,7 +167,10 @@ def render(results_dir: str, beyond_dir: str) -> str:
                              f"{_row_conversion(row)} |")
                 continue
             change = None if base is None else row["val"] - base
-            lines.append(f"| {row['row']} | {_cell(row['val'])} | "
+            runs = row.get("runs", 1)
+            val = (_stat((runs, row["val"], row.get("val_sd"))) if runs > 1
+                   else _cell(row["val"]))
+            lines.append(f"| {row['row']} | {val} | "
                          f"{_cell(change, signed=True)} | {_cell(row['sen'])} | "
                          f"{_cell(row.get('label_agreement'), 3)} | "
                          f"{_cell(row['epsilon'])} | {row['steps']} | "

@@ -77,6 +77,8 @@ class ReproduceOptions:
       conversion, generator_ema: levers beyond the paper (listed as deviations): ``pld``
         accounts exactly instead of by the classic RDP conversion, so the same budget
         allows more steps; ``generator_ema`` samples a moving average of the generator.
+      repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
+        differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
         paper's), ``private`` (a tuned configuration's private run: the tuning split is
         left out) or ``tuning`` (a screening run: trained on the tuning split and scored
@@ -104,6 +106,7 @@ class ReproduceOptions:
     conversion: str | None = None
     generator_ema: float | None = None
     training_records: str | None = None
+    repeat: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -160,6 +163,10 @@ class ReproduceOptions:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ReproduceError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.repeat is not None and (isinstance(self.repeat, bool)
+                                        or not isinstance(self.repeat, int) or self.repeat < 2):
+            raise ReproduceError(f"repeat numbers the 2nd, 3rd, ... run of the same options "
+                                 f"(the first has none): an integer >= 2, got {self.repeat!r}")
         if self.max_records is not None and self.max_records > self.available_records:
             raise ReproduceError(f"max_records {self.max_records} exceeds the "
                                  f"{self.available_records} {self.records.value} training "
@@ -218,6 +225,8 @@ class ReproduceOptions:
             name += f"-ema{self.generator_ema:g}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
+        if self.repeat is not None:
+            name += f"-rep{self.repeat}"
         if self.non_private:
             name += "-nonprivate"
         return name

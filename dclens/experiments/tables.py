@@ -203,31 +203,44 @@ def _adopt_row(source: str, target: str) -> None:
 
 
 def _row_entry(row: Row, options: paper_rows.ReproduceOptions, base_dataset: str,
-               report: dict | None) -> dict:
-    """One line of ``table.json``: the paper's numbers, and ours if the row has run."""
+               reports: list[dict] | dict | None) -> dict:
+    """One line of ``table.json``: the paper's numbers, and ours if the row has run: the
+    mean over its runs (``reports``: one per repeat), with the sd where there are several."""
+    reports = [] if reports is None else [reports] if isinstance(reports, dict) else reports
     entry = {"row": row.label, "name": options.default_name(), "changes": row.changes,
              "paper": row.paper.get(base_dataset),
              "paper_seconds_per_epoch": (row.paper_seconds_per_epoch or {}).get(base_dataset),
-             "status": "not run", "val": None, "sen": None, "authors": None,
-             "label_agreement": None,
+             "status": "not run", "runs": 0, "val": None, "val_sd": None, "sen": None,
+             "sen_sd": None, "authors": None, "label_agreement": None,
              "epsilon": None, "steps": None, "seconds_per_epoch": None, "deviations": []}
-    if report is None:
+    if not reports:
         return entry
-    privacy = report["privacy"]
-    steps = privacy.get("steps") or 0
-    train_seconds = report["seconds"].get("train")
-    steps_per_epoch = max(1, (report.get("partition_size") or 0)
-                          // max(1, report.get("batch") or 1))
+
+    def mean_sd(values):
+        _, mean, sd = reporting.mean_sd(v for v in values if v is not None)
+        return mean, sd
+
+    def seconds_per_epoch(report):
+        steps = report["privacy"].get("steps") or 0
+        train_seconds = report["seconds"].get("train")
+        steps_per_epoch = max(1, (report.get("partition_size") or 0)
+                              // max(1, report.get("batch") or 1))
+        return train_seconds / steps * steps_per_epoch if train_seconds and steps else None
+
+    first = reports[0]
+    val, val_sd = mean_sd(r["accuracy"]["val"] for r in reports)
+    sen, sen_sd = mean_sd(r["accuracy"]["sen"] for r in reports)
     entry.update({
-        "status": "finished",
-        "val": report["accuracy"]["val"], "sen": report["accuracy"]["sen"],
-        "authors": report["accuracy"].get("authors"),
-        "label_agreement": (report.get("quality") or {}).get("label_agreement"),
-        "epsilon": (privacy.get("epsilon") or {}).get("epsilon"),
-        "steps": steps,
-        "seconds_per_epoch": (train_seconds / steps * steps_per_epoch
-                              if train_seconds and steps else None),
-        "deviations": report["deviations"],
+        "status": "finished", "runs": len(reports),
+        "val": val, "val_sd": val_sd, "sen": sen, "sen_sd": sen_sd,
+        "authors": first["accuracy"].get("authors") if len(reports) == 1 else None,
+        "label_agreement": mean_sd((r.get("quality") or {}).get("label_agreement")
+                                   for r in reports)[0],
+        "epsilon": max((r["privacy"].get("epsilon") or {}).get("epsilon") or 0.0
+                       for r in reports) or None,
+        "steps": first["privacy"].get("steps") or 0,
+        "seconds_per_epoch": mean_sd(seconds_per_epoch(r) for r in reports)[0],
+        "deviations": first["deviations"],
     })
     return entry
 
@@ -239,11 +252,20 @@ def table_row_names(table: str, base: paper_rows.ReproduceOptions) -> list[str]:
     return [row_options(base, row).default_name() for row in TABLES[table][1]]
 
 
+def repeated(options: paper_rows.ReproduceOptions,
+             repeats: int) -> list[paper_rows.ReproduceOptions]:
+    """A row's runs: its options, then the same options as repeat 2, 3, ... ``repeats``."""
+    return [options] + [dataclasses.replace(options, repeat=r) for r in range(2, repeats + 1)]
+
+
 def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
               run_root: str = os.path.join("runs", "tables"),
               log: Callable[[str], None] = print, only: Collection[str] | None = None,
-              train: bool = True, **reproduce_kwargs) -> dict:
+              train: bool = True, repeats: int = 1, **reproduce_kwargs) -> dict:
     """Runs (or reads back) the rows of ``table``; writes ``table.json`` and ``table.md``.
+
+    With ``repeats`` > 1 each row is run that many times (independent seeds; the runs
+    after the first are named ``-rep2``, ...) and shows the mean and sd of its runs.
 
     A row is read back from its report in ``out_dir``, else adopted (copied) from a
     finished row of the same name in another table's directory beside ``out_dir``, else
@@ -258,41 +280,66 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
             f"table {table} chooses hyper-parameters, so it runs on the tuning split and "
             f"is scored on its holdout, never on the private records or the test set: "
             f"pass --training_records tuning (got {base.records.value!r})")
-    names = table_row_names(table, base)
-    unknown = sorted(set(only or ()) - set(names))
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise paper_rows.ReproduceError(f"repeats must be an integer >= 1, got {repeats!r}")
+    run_names = [run.default_name() for row in TABLES[table][1]
+                 for run in repeated(row_options(base, row), repeats)]
+    unknown = sorted(set(only or ()) - set(run_names))
     if unknown:
         raise paper_rows.ReproduceError(
             f"no row named {', '.join(map(repr, unknown))} in table {table} at these "
-            f"options; its rows are {', '.join(names)} (scripts/tables.py --dry_run lists "
-            f"them)")
+            f"options; its runs are {', '.join(run_names)} (scripts/tables.py --dry_run "
+            f"lists them)")
     title, rows = TABLES[table]
     entries = [_row_entry(row, row_options(base, row), base.dataset, None) for row in rows]
     summary = {"table": table, "title": title, "dataset": base.dataset,
                "options": dataclasses.asdict(base), "rows": entries}
-    for index, (row, name) in enumerate(zip(rows, names)):
-        options = row_options(base, row)
-        row_out = os.path.join(out_dir, name)
-        report_path = os.path.join(row_out, "report.json")
-        if os.path.exists(report_path):
-            log(f"{row.label}: reading the finished row {report_path}")
-            report = _read_report(report_path, options)
-        elif (sibling := _sibling_row(out_dir, name)) is not None:
-            log(f"{row.label}: adopting the finished row {sibling}")
-            report = _read_report(os.path.join(sibling, "report.json"), options)
-            _adopt_row(sibling, row_out)
-        elif train and (only is None or name in only):
-            log(f"{row.label}: running {name}")
-            report = reproduce.reproduce(options, out_dir=row_out,
-                                         run_dir=os.path.join(run_root, name), log=log,
-                                         **reproduce_kwargs)
-        else:
-            log(f"{row.label}: not run ({name})")
-            continue
-        entries[index] = _row_entry(row, options, base.dataset, report)
-        _write_table(out_dir, summary, render(summary))
+    for index, row in enumerate(rows):
+        reports = []
+        for options in repeated(row_options(base, row), repeats):
+            report = _row_run(row, options, out_dir, run_root, log, only, train,
+                              reproduce_kwargs)
+            if report is not None:
+                reports.append(report)
+                entries[index] = _row_entry(row, row_options(base, row), base.dataset,
+                                            reports)
+                _write_table(out_dir, summary, render(summary))
     _write_table(out_dir, summary, render(summary))
     log(f"table: {os.path.join(out_dir, 'table.md')}")
     return summary
+
+
+def _row_run(row: Row, options: paper_rows.ReproduceOptions, out_dir: str, run_root: str,
+             log: Callable[[str], None], only: Collection[str] | None, train: bool,
+             reproduce_kwargs: dict) -> dict | None:
+    """One run of a row: read back from its report in ``out_dir``, else adopted from a
+    finished run of the same name in a sibling table, else trained (if ``train`` and
+    ``only`` allows it); None when it stays not run."""
+    name = options.default_name()
+    row_out = os.path.join(out_dir, name)
+    report_path = os.path.join(row_out, "report.json")
+    if os.path.exists(report_path):
+        log(f"{row.label}: reading the finished row {report_path}")
+        return _read_report(report_path, options)
+    if (sibling := _sibling_row(out_dir, name)) is not None:
+        log(f"{row.label}: adopting the finished row {sibling}")
+        report = _read_report(os.path.join(sibling, "report.json"), options)
+        _adopt_row(sibling, row_out)
+        return report
+    if train and (only is None or name in only):
+        log(f"{row.label}: running {name}")
+        return reproduce.reproduce(options, out_dir=row_out,
+                                   run_dir=os.path.join(run_root, name), log=log,
+                                   **reproduce_kwargs)
+    log(f"{row.label}: not run ({name})")
+    return None
+
+
+def _accuracy_cell(entry: dict, key: str) -> str:
+    """``0.3545`` for one run, ``0.3545 +- 0.0210 (3 runs)`` for several."""
+    if entry.get("runs", 1) > 1 and entry.get(f"{key}_sd") is not None:
+        return f"{entry[key]:.4f} +- {entry[f'{key}_sd']:.4f} ({entry['runs']} runs)"
+    return _cell(entry[key])
 
 
 def _cell(value, digits: int = 4) -> str:
@@ -329,8 +376,8 @@ def render(summary: dict) -> str:
             lines.append(f"| {r['row']} | {_cell(r['paper'])} | not run | not run | "
                          f"not run | not run | -- | -- | -- | {paper_time} |")
             continue
-        lines.append(f"| {r['row']} | {_cell(r['paper'])} | {_cell(r['val'])} | "
-                     f"{_cell(r['sen'])} | {_authors_cell(r['authors'])} | "
+        lines.append(f"| {r['row']} | {_cell(r['paper'])} | {_accuracy_cell(r, 'val')} | "
+                     f"{_accuracy_cell(r, 'sen')} | {_authors_cell(r['authors'])} | "
                      f"{_cell(r.get('label_agreement'))} | {_cell(r['epsilon'])} | {r['steps']} | "
                      f"{_cell(r['seconds_per_epoch'], 1)} | {paper_time} |")
     lines += ["", "Shared options: `" + json.dumps(
