@@ -294,9 +294,10 @@ def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, sa
                   data_dir: str | None = None, cache_dir: str | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """Domain-classifier IS, FID and label agreement of a random subset of ``samples``
-    synthetic images (drawn with ``seed``) against the first ``samples`` real test images:
-    :func:`dclens.evaluation.quality.quality_record`. The domain classifier is trained on the real
-    training split once and cached in ``cache_dir``."""
+    synthetic images (drawn with ``seed``) against the first ``samples`` real images of
+    ``test`` (the test set, or a screening run's tuning holdout):
+    :func:`dclens.evaluation.quality.quality_record`. The domain classifier is trained on the
+    real training records ``domain`` names once and cached in ``cache_dir``."""
     classifier = quality_scores.domain_classifier(train_split_name(synthetic.spec.name),
                                                   data_dir, settings=domain,
                                                   cache_dir=cache_dir, log=log)
@@ -304,9 +305,11 @@ def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, sa
     record = quality_scores.quality_record(
         classifier, scored.images, test.images[:samples], labels=scored.labels,
         reference_labels=test.labels[:samples])
-    log(f"domain-classifier IS {record['inception_score']:.3f} (real test "
-        f"{record['reference_inception_score']:.3f}), FID to the real test set "
-        f"{record['fid']:.3f}, label agreement {record['label_agreement']:.4f} (real test "
+    where = ("the tuning holdout" if domain.training_records is splits.TrainingRecords.TUNING
+             else "the real test set")
+    log(f"domain-classifier IS {record['inception_score']:.3f} ({where} "
+        f"{record['reference_inception_score']:.3f}), FID to {where} "
+        f"{record['fid']:.3f}, label agreement {record['label_agreement']:.4f} ({where} "
         f"{record['reference_label_agreement']:.4f})")
     return record
 
