@@ -158,7 +158,11 @@ def render(results_dir: str, beyond_dir: str) -> str:
                   "means) is against it. One run's `val` moves "
                   "by about 0.07 (sd) between seeds at this kind of scale (the whole-run "
                   "study, `results/side-by-side/whole-runs/`), so single-run differences "
-                  "below ~0.15 are not evidence.", "",
+                  "below ~0.15 are not evidence. At a noise-matched reduced scale the "
+                  "epsilons are not the paper's (the table says which scale): each row is "
+                  "the small model of its configuration at the paper's epsilon = 1, so a row "
+                  "accounted by pld runs the steps pld allows the paper config (149, not "
+                  "86) and shows the larger epsilon those cost here.", "",
                   "| lever | `val` | change | `sen` | label agreement | epsilon | steps | "
                   "accountant |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
