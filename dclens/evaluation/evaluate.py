@@ -359,7 +359,9 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         log("sen protocol: a second classifier on all synthetic samples (as the authors)")
         sen_curves = _fit(synthetic.images, synthetic.labels, test, settings, seeds, log)
     protocols["sen"] = _sen_protocol(curves, sen_curves)
-    log(f"accuracy on the real test set: val protocol {protocols['val']['accuracy']:.4f} "
+    scored_on = ("the tuning holdout" if settings.test_set == TUNING_HOLDOUT
+                 else "the real test set")
+    log(f"accuracy on {scored_on}: val protocol {protocols['val']['accuracy']:.4f} "
         f"(epoch {protocols['val']['epoch']}), sen protocol "
         f"{protocols['sen']['accuracy']:.4f} (epoch {protocols['sen']['epoch']})")
     if settings.authors is not None:
