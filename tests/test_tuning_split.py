@@ -136,21 +136,23 @@ def test_a_private_run_is_bit_identical_whatever_the_tuning_split_holds(
 @pytest.fixture(scope="module")
 def screening_report(indexed_dir, tmp_path_factory):
     """A tiny screening reproduction (trained on the tuning split) on the data set without
-    a test split."""
+    a test split. Without IS/FID: training the domain classifier on the 8,000 tuning
+    records would take most of a minute; which records it learns from is tested through
+    the settings (test_screening_settings_...)."""
     root = tmp_path_factory.mktemp("screening")
     argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
             "--num_samples", "60", "--train_epochs", "1", "--seed", "3",
             "--teacher_chunk", "4", "--data_dir", str(indexed_dir),
             "--training_records", "tuning",
             "--out", str(root / "report"), "--run_dir", str(root / "run"),
-            "--cache_dir", str(root / "cache"), "--quiet", *TINY_EVAL]
+            "--cache_dir", str(root / "cache"), "--quiet", "--no_quality", *TINY_EVAL]
     assert reproduce_cli.main(argv) == 0
     return root
 
 
 def test_a_screening_reproduction_never_reads_the_test_set(indexed_dir, screening_report):
     """The data set has no test split at all: a screening run (trained on the tuning
-    split) still evaluates, on the tuning holdout, IS/FID and the real reference included;
+    split) still evaluates, on the tuning holdout, the real reference included;
     an ordinary evaluation of the same samples cannot even start."""
     report = json.loads((screening_report / "report" / "report.json").read_text())
     assert report["name"].endswith("-tuning")
@@ -260,3 +262,20 @@ def test_the_training_flag_reaches_the_config():
     assert config.train.training_records is TrainingRecords.PRIVATE
     with pytest.raises(SystemExit):
         main_cli.build_parser().parse_args(["--training_records", "holdout"])
+
+
+def test_a_screening_domain_classifier_learns_from_the_tuning_split_only(indexed_dir,
+                                                                          tmp_path):
+    """IS/FID of a screening run: the domain classifier learns from the tuning records and
+    measures itself on the tuning holdout (the data folder has no test split)."""
+    from dclens.evaluation import classifiers
+
+    settings = quality.DomainSettings(schedule=classifiers.Schedule(epochs=1, batch_size=64),
+                                      train_limit=200, training_records="tuning")
+    classifier = quality.domain_classifier("fashion_mnist", str(indexed_dir),
+                                           settings=settings, cache_dir=str(tmp_path),
+                                           log=lambda _: None)
+    assert classifier.info["records"] == 200
+    assert f"tuning records {PRIVATE}-{PRIVATE + 199}" in classifier.info["data_source"]
+    assert "tuning holdout" in classifier.info["test_records"]
+    assert "test_accuracy" in classifier.info
