@@ -82,10 +82,10 @@ def describe(which: TrainingRecords | str, total: int) -> str:
     if which is TrainingRecords.ALL:
         return f"all {total} training records (the paper's)"
     span = record_range(total, which)
-    holdout = holdout_range(total)
     if which is TrainingRecords.PRIVATE:
         return (f"the private records {span.start}-{span.stop - 1} only; records "
                 f"{span.stop}-{total - 1} are the tuning split, never read by this run")
+    holdout = holdout_range(total)
     return (f"the tuning split's records {span.start}-{span.stop - 1} (a screening run, "
             f"scored on the tuning holdout, records {holdout.start}-{holdout.stop - 1}, "
             "instead of the test set)")

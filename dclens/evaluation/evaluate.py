@@ -70,6 +70,11 @@ TUNING_HOLDOUT = "tuning_holdout"
 TEST_SETS = (TEST, TUNING_HOLDOUT)
 
 
+def scored_on(test_set: str) -> str:
+    """The words for what a test set is, for logs."""
+    return "the tuning holdout" if test_set == TUNING_HOLDOUT else "the real test set"
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Everything that decides an evaluation's numbers (recorded in its JSON).
@@ -177,7 +182,7 @@ def official_settings(dataset: str, **changes) -> EvalSettings:
 # ------------------------------------------------------------------ dataset names
 
 def load_test(dataset: str, data_dir: str | os.PathLike | None = None, *,
-              limit: int | None = None, test_set: str = "test") -> data.LabeledImages:
+              limit: int | None = None, test_set: str = TEST) -> data.LabeledImages:
     """The real test split of ``dataset``, or with ``test_set`` :data:`TUNING_HOLDOUT` the
     tuning holdout of its training split (first ``limit`` records if given)."""
     if test_set == TUNING_HOLDOUT:
@@ -305,8 +310,8 @@ def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, sa
     record = quality_scores.quality_record(
         classifier, scored.images, test.images[:samples], labels=scored.labels,
         reference_labels=test.labels[:samples])
-    where = ("the tuning holdout" if domain.training_records is splits.TrainingRecords.TUNING
-             else "the real test set")
+    where = scored_on(TUNING_HOLDOUT if domain.training_records is splits.TrainingRecords.TUNING
+                      else TEST)
     log(f"domain-classifier IS {record['inception_score']:.3f} ({where} "
         f"{record['reference_inception_score']:.3f}), FID to {where} "
         f"{record['fid']:.3f}, label agreement {record['label_agreement']:.4f} ({where} "
@@ -359,9 +364,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         log("sen protocol: a second classifier on all synthetic samples (as the authors)")
         sen_curves = _fit(synthetic.images, synthetic.labels, test, settings, seeds, log)
     protocols["sen"] = _sen_protocol(curves, sen_curves)
-    scored_on = ("the tuning holdout" if settings.test_set == TUNING_HOLDOUT
-                 else "the real test set")
-    log(f"accuracy on {scored_on}: val protocol {protocols['val']['accuracy']:.4f} "
+    log(f"accuracy on {scored_on(settings.test_set)}: val protocol {protocols['val']['accuracy']:.4f} "
         f"(epoch {protocols['val']['epoch']}), sen protocol "
         f"{protocols['sen']['accuracy']:.4f} (epoch {protocols['sen']['epoch']})")
     if settings.authors is not None:
