@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dclens.evaluation import authors_protocol
+from dclens.evaluation import authors_protocol, classifiers
 from dclens import data
 from conftest import load_script
 
@@ -171,3 +171,19 @@ def test_the_cli_keeps_the_authors_state_beside_its_outputs_and_resumes(
     assert "differs in samples" in capsys.readouterr().err
     assert cli.main(command + ["--name", "other"]) == 0          # its own state file
     assert (tmp_path / "other-authors-range1.npz").exists()
+
+
+def test_the_compiled_test_pass_equals_the_eager_accuracy():
+    """The per-epoch test accuracy comes from a compiled forward pass; it must count the
+    same predictions as classifiers.accuracy (eager), chunk boundaries included."""
+    synthetic, test = _labeled(60, 0), _labeled(2_345, 1)
+    trainer = authors_protocol._Trainer(SPEC.image_shape, SPEC.num_classes, SMALL, seed=4)
+    images, one_hot = authors_protocol.authors_rows(synthetic, SMALL)
+    epochs = authors_protocol._FastEpochs(trainer, images, one_hot)
+    order = np.random.default_rng(0).permutation(SMALL.rows)
+    for epoch in range(1, 3):   # an untrained and a trained model
+        expected = classifiers.accuracy(trainer.model, test.images, test.labels)
+        assert trainer.test_accuracy(test.images, test.labels) == expected
+        assert np.isnan(trainer.test_accuracy(test.images[:0], test.labels[:0]))
+        epochs(authors_protocol._epoch_batches(order, SMALL, epoch, mask_seed=7))
+    assert 0.0 <= expected <= 1.0

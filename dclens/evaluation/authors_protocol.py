@@ -129,6 +129,8 @@ class _Trainer:
             pixels, tf.TensorSpec((None, num_classes), tf.float32),
             tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None,), tf.int32),
             tf.TensorSpec((None,), tf.float32), tf.TensorSpec((None, 2), tf.int64)])
+        self._predict = tf.function(lambda x: self.model(x, training=False),
+                                    input_signature=[pixels])
 
     def _forward(self, x, masks):
         tf, layer = self.tf, self.layers
@@ -190,6 +192,18 @@ class _Trainer:
         tf = self.tf
         return float(self._step(tf.constant(x), tf.constant(y), masks[0], masks[1],
                                 tf.constant(float(batch_length))))
+
+    def test_accuracy(self, images: np.ndarray, labels: np.ndarray,
+                      batch_size: int = 1000) -> float:
+        """:func:`classifiers.accuracy` of the model (inference mode), in one compiled
+        function instead of eager calls: the same forward pass, about half the time of the
+        eager one, which ran after every one of the 600 epochs."""
+        if len(labels) == 0:
+            return float("nan")
+        predicted = np.concatenate([
+            self._predict(images[start:start + batch_size]).numpy().argmax(axis=1)
+            for start in range(0, len(images), batch_size)])
+        return float(np.mean(predicted == labels))
 
     def epoch(self, images, one_hot, batches: list["_Batch"]) -> np.ndarray:
         """Runs ``batches`` (in order) in one graph; returns their losses."""
@@ -313,7 +327,7 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
         epoch_started = time.perf_counter()
         losses = run_epoch(_epoch_batches(rng.permutation(protocol.rows), protocol, epoch,
                                           mask_seed))
-        accuracy = classifiers.accuracy(trainer.model, test.images, test.labels)
+        accuracy = trainer.test_accuracy(test.images, test.labels)
         curves["epoch"].append(epoch)
         curves["test_accuracy"].append(accuracy)
         curves["loss"].append(float(np.mean(losses)) if losses else 0.0)
