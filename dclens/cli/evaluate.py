@@ -6,6 +6,8 @@
     python scripts/evaluate.py --real --dataset fashion_mnist   # reference: real training data
     python scripts/evaluate.py runs/demo --official             # the authors' 600-epoch SGD
     python scripts/evaluate.py runs/demo --protocol authors --range 1   # their script, exactly
+    python scripts/evaluate.py runs/private --protocol dpimagebench --dpimagebench_depth 20
+        # DPImageBench's selection on held-out real records (a run on private records; hours)
 
 Reports two protocols, by name: ``val`` (headline: epoch chosen on a held-out part of the
 synthetic data) and ``sen`` (the authors': best real-test accuracy over epochs), plus
@@ -25,12 +27,14 @@ import sys
 from dclens.common import tf_env
 from dclens.evaluation import classifiers, evaluate, quality, record_outputs
 from dclens import data
-from dclens.evaluation import authors_protocol
+from dclens.evaluation import authors_protocol, dpimagebench
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """The classifier/protocol flags shared with scripts/reproduce.py."""
+def add_eval_arguments(parser: argparse.ArgumentParser, *, dpimagebench: bool = False
+                       ) -> None:
+    """The classifier/protocol flags shared with scripts/reproduce.py (``dpimagebench``:
+    also DPImageBench's protocol, which evaluate.py offers for one run's samples)."""
     add = parser.add_argument
     add("--official", action="store_true", help="the authors' schedule: SGD lr 2e-3, batch "
         "512, 600 epochs (CelebA: lr 1e-4, batch 256, 250 epochs), and sen trained on all "
@@ -51,7 +55,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quality_samples", type=int, help="images used for IS/FID (default 10000)")
     add("--cache_dir", help="cache of the domain classifier (default $DCLENS_CACHE or "
         "~/.cache/dclens)")
-    add("--protocol", choices=("standard", "authors"), default="standard",
+    protocols = ("standard", "authors", "dpimagebench") if dpimagebench else ("standard",
+                                                                              "authors")
+    add("--protocol", choices=protocols, default="standard",
         help="standard: val (headline) and sen; authors: also the authors' evaluation "
         "script exactly (--range pickles in a 100,000-row zero array, SGD lr 2e-3, batch "
         "512, 600 epochs, best test accuracy; its state is saved in <out>/<name>-authors-"
@@ -61,10 +67,21 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "(theirs defaults to 1) [default: 1]")
     add("--authors_epochs", type=int, help="with --protocol authors: fewer epochs than "
         "their 600 (a quick look; NOT the authors' protocol)")
+    if dpimagebench:
+        add("--dpimagebench_depth", type=int, default=110,
+            help="with --protocol dpimagebench: the ResNet's depth (6n+2; DPImageBench's "
+            "110; 20 is the stated subset a small CPU can run, hours) [default: 110]")
+        add("--generator_records", choices=("all", "private", "tuning"),
+            help="with --protocol dpimagebench: the records the run that wrote the samples "
+            "trained on (default: its config.json's training_records); only private runs "
+            "leave DPImageBench's validation records unseen")
 
 
-def settings_from_args(args: argparse.Namespace, dataset: str):
-    """Flags -> EvalSettings (official schedule first, explicit flags override it)."""
+def settings_from_args(args: argparse.Namespace, dataset: str,
+                       generator_records: str | None = None):
+    """Flags -> EvalSettings (official schedule first, explicit flags override it).
+    ``generator_records``: what the evaluated run trained on (its config), for
+    ``--protocol dpimagebench`` when ``--generator_records`` is not given."""
 
     settings = (evaluate.official_settings(dataset) if args.official
                 else evaluate.EvalSettings())
@@ -91,6 +108,18 @@ def settings_from_args(args: argparse.Namespace, dataset: str):
         changes["authors"] = protocol
     elif args.authors_epochs is not None or args.authors_range != 1:
         raise ValueError("--range and --authors_epochs need --protocol authors")
+    if args.protocol == "dpimagebench":
+        records = getattr(args, "generator_records", None) or generator_records
+        if records is None:
+            raise ValueError("--protocol dpimagebench needs to know what the samples' run "
+                             "trained on: give --generator_records private (or evaluate a "
+                             "run directory whose config.json says it)")
+        changes["dpimagebench"] = dpimagebench.DPImageBenchProtocol(
+            generator_records=records, resnet_depth=args.dpimagebench_depth)
+    elif getattr(args, "dpimagebench_depth", 110) != 110 or getattr(
+            args, "generator_records", None) is not None:
+        raise ValueError("--dpimagebench_depth and --generator_records need --protocol "
+                         "dpimagebench")
     return settings.replace(**changes)
 
 
@@ -139,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the input's folder; with --real: runs/eval-real-<dataset>)")
     parser.add_argument("--name", default="evaluation", help="output file stem")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-    add_eval_arguments(parser)
+    add_eval_arguments(parser, dpimagebench=True)
     return parser
 
 
@@ -154,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         saved = None if args.real else _saved_run_config(args.input)
         dataset = args.dataset or (saved["train"]["dataset"] if saved else "fashion_mnist")
-        settings = settings_from_args(args, dataset)
+        records = (saved["train"].get("training_records", "all")
+                   if saved and not args.real else None)
+        settings = settings_from_args(args, dataset, records)
         if args.real:
             out = args.out or os.path.join("runs", f"eval-real-{evaluate.base_dataset(dataset)}")
             check_output_dir(out)
@@ -167,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             state = None
             if settings.authors is not None:          # hours of SGD: resumable
                 state = record_outputs.authors_state_file(out, args.name, settings.authors)
+            prefix = None
+            if settings.dpimagebench is not None:     # hours of ResNet: resumable too
+                prefix = os.path.join(out, f"{args.name}-dpimagebench")
             record = evaluate.evaluate_path(args.input, args.dataset, data_dir=args.data_dir,
                                             settings=settings, cache_dir=args.cache_dir,
-                                            authors_state_path=state, log=log)
+                                            authors_state_path=state,
+                                            dpimagebench_state_prefix=prefix, log=log)
         record["command"] = shlex.join(["python", "scripts/evaluate.py",
                                         *(sys.argv[1:] if argv is None else argv)])
         paths = record_outputs.write_outputs(record, out, args.name)

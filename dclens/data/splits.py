@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from typing import Callable
 
 from dclens import data
 
@@ -113,12 +114,20 @@ def load_training_records(dataset: str, data_dir: str | os.PathLike | None,
     return _rows(full, span, f"{which.value} records")
 
 
+def load_span(dataset: str, data_dir: str | os.PathLike | None,
+              span: "Callable[[int], range]", what: str, *,
+              limit: int | None = None) -> data.LabeledImages:
+    """The records ``span(total)`` of ``dataset``'s training split (``total`` its size),
+    the first ``limit`` of them if given; ``what`` names them in the source."""
+    full = data.load_dataset(dataset, data_dir, split="train", progress=False)
+    rows = span(len(full))
+    if limit is not None:
+        rows = rows[:limit]
+    return _rows(full, rows, what)
+
+
 def load_tuning_holdout(dataset: str, data_dir: str | os.PathLike | None, *,
                         limit: int | None = None) -> data.LabeledImages:
     """The tuning holdout of ``dataset``'s training split (a screening run's test set),
     the first ``limit`` of it if given."""
-    full = data.load_dataset(dataset, data_dir, split="train", progress=False)
-    span = holdout_range(len(full))
-    if limit is not None:
-        span = span[:limit]
-    return _rows(full, span, "tuning holdout")
+    return load_span(dataset, data_dir, holdout_range, "tuning holdout", limit=limit)

@@ -43,9 +43,8 @@ from typing import Callable
 
 import numpy as np
 
-from dclens.evaluation import classifiers
+from dclens.evaluation import classifiers, epoch_state
 from dclens import data
-from dclens.common import export
 
 #: Keras' clipping of probabilities inside categorical cross-entropy.
 KERAS_EPSILON = 1e-7
@@ -239,55 +238,6 @@ def _epoch_batches(order: np.ndarray, protocol: AuthorsProtocol, epoch: int,
     return out
 
 
-class _ResumeState:
-    """The loop's state after a whole epoch -- weights, the shuffle generator, the curves
-    -- in one npz written atomically; a run killed at any point resumes from its last
-    saved epoch on exactly the trajectory it would have followed (the dropout masks are
-    keyed by epoch and batch, the shuffles come from the saved generator)."""
-
-    def __init__(self, path, fingerprint: dict):
-        self.path = path
-        self.fingerprint = fingerprint
-
-    def load(self):
-        import json
-        import os
-
-        if self.path is None or not os.path.exists(self.path):
-            return None
-        with np.load(self.path, allow_pickle=False) as saved:
-            meta = json.loads(str(saved["meta"]))
-            if meta["fingerprint"] != self.fingerprint:
-                changed = sorted(k for k in set(meta["fingerprint"]) | set(self.fingerprint)
-                                 if meta["fingerprint"].get(k) != self.fingerprint.get(k))
-                raise ValueError(
-                    f"{self.path} holds an authors-protocol run with other settings "
-                    f"(differs in {', '.join(changed)}); delete it to start over, or "
-                    "evaluate with the settings it was started with")
-            weights = [saved[f"w{i}"] for i in range(meta["variables"])]
-        return meta, weights
-
-    def save(self, epoch: int, rng: np.random.Generator, curves: dict, weights) -> None:
-        import json
-
-        if self.path is None:
-            return
-        meta = {"fingerprint": self.fingerprint, "epoch": epoch, "curves": curves,
-                "rng": rng.bit_generator.state, "variables": len(weights)}
-        arrays = {f"w{i}": w for i, w in enumerate(weights)}
-        export.atomic_write(self.path, lambda s: np.savez(s, meta=np.array(json.dumps(meta)),
-                                                          **arrays))
-
-
-def samples_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
-    """A short hash of the evaluated rows (a resume must be of the same samples)."""
-    import hashlib
-
-    digest = hashlib.sha256(np.ascontiguousarray(images).tobytes())
-    digest.update(np.ascontiguousarray(labels).tobytes())
-    return digest.hexdigest()[:16]
-
-
 def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImages,
                            protocol: AuthorsProtocol = AuthorsProtocol(), *, seed: int = 0,
                            literal: bool = False, return_weights: bool = False,
@@ -310,10 +260,11 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
                                         .generate_state(3, np.uint32) >> 1)
     trainer = _Trainer(spec.image_shape, spec.num_classes, protocol, init_seed)
     rng = np.random.default_rng(order_seed)
-    state = _ResumeState(state_path, {
+    state = epoch_state.EpochState(state_path, {
         "settings": protocol.to_dict(), "seed": seed, "literal": literal,
-        "samples": samples_fingerprint(images, one_hot),
-        "test": samples_fingerprint(test.images, test.labels)})
+        "samples": epoch_state.samples_fingerprint(images, one_hot),
+        "test": epoch_state.samples_fingerprint(test.images, test.labels)},
+        "an authors-protocol run")
     curves = _resume(state, trainer, rng, state_path, log)
     if literal:
         run_epoch = _LiteralEpochs(trainer, images, one_hot, protocol, spec)
@@ -350,7 +301,7 @@ def train_authors_protocol(synthetic: data.LabeledImages, test: data.LabeledImag
     return record
 
 
-def _resume(state: "_ResumeState", trainer: "_Trainer", rng: np.random.Generator,
+def _resume(state: epoch_state.EpochState, trainer: "_Trainer", rng: np.random.Generator,
             state_path, log: Callable[[str], None] | None) -> dict:
     """The curves so far: the saved state's (its weights and batch order restored into
     ``trainer`` and ``rng``), or empty ones."""

@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from dclens.evaluation import authors_protocol, classifiers
+from dclens.evaluation import authors_protocol, classifiers, dpimagebench
 from dclens import data
 from dclens.data import splits
 from dclens.common import export
@@ -56,6 +56,9 @@ PROTOCOLS = {
             "test set, optimistic)"),
     "authors": ("the authors' evaluation script exactly: --range pickles in a 100,000-row "
                 "zero array, SGD 600 epochs, best test accuracy (selects on the test set)"),
+    "dpimagebench": ("DPImageBench's eval.mode=val: ResNet trained on 55,000 of 60,000 "
+                     "samples, the epoch chosen on 5,000 real training records the "
+                     "synthesizer never read"),
 }
 HEADLINE = "val"
 
@@ -98,6 +101,8 @@ class EvalSettings:
       official: the schedule is the authors' (recorded, for the report).
       authors: also run the authors' evaluation script's protocol
         (:mod:`dclens.evaluation.authors_protocol`) with these settings; None: not run.
+      dpimagebench: also run DPImageBench's protocol
+        (:mod:`dclens.evaluation.dpimagebench`) with these settings; None: not run.
     """
 
     schedule: classifiers.Schedule = classifiers.DEFAULT_SCHEDULE
@@ -112,6 +117,7 @@ class EvalSettings:
     domain: quality_scores.DomainSettings = quality_scores.DomainSettings()
     official: bool = False
     authors: authors_protocol.AuthorsProtocol | None = None
+    dpimagebench: dpimagebench.DPImageBenchProtocol | None = None
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -137,6 +143,13 @@ class EvalSettings:
         require(isinstance(self.domain, quality_scores.DomainSettings),
                 f"domain must be a DomainSettings, got {self.domain!r}")
         screening = self.test_set == TUNING_HOLDOUT
+        require(self.dpimagebench is None or isinstance(self.dpimagebench,
+                                                        dpimagebench.DPImageBenchProtocol),
+                f"dpimagebench must be a DPImageBenchProtocol or None, got "
+                f"{self.dpimagebench!r}")
+        require(self.dpimagebench is None or not screening,
+                "DPImageBench's protocol selects on tuning-split records and reports the "
+                "test set; a screening evaluation (test_set tuning_holdout) cannot run it")
         tuned_domain = self.domain.training_records is splits.TrainingRecords.TUNING
         require(not self.quality or screening == tuned_domain,
                 "a screening evaluation (test_set tuning_holdout) scores IS/FID with a domain "
@@ -160,6 +173,10 @@ class EvalSettings:
         values["schedule"] = self.schedule.to_dict()
         values["domain"] = self.domain.to_dict()
         values["authors"] = None if self.authors is None else self.authors.to_dict()
+        if self.dpimagebench is None:
+            del values["dpimagebench"]      # absent: the key of every earlier cache
+        else:
+            values["dpimagebench"] = self.dpimagebench.to_dict()
         if self.test_set == TEST:
             # Absent means the test split: the key of every cache written before the option.
             del values["test_set"]
@@ -323,6 +340,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
              settings: EvalSettings = EvalSettings(), *, data_dir: str | None = None,
              cache_dir: str | None = None, input_kind: str = "arrays",
              authors_state_path: str | os.PathLike | None = None,
+             dpimagebench_state_prefix: str | None = None,
              log: Callable[[str], None] = print) -> dict:
     """Trains the classifier on ``synthetic``, measures it on ``test``; the JSON record.
 
@@ -330,9 +348,16 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     IS/FID, trained once and cached in ``cache_dir``). ``authors_state_path``: the resume
     file of the authors' protocol (600 epochs: up to hours), so an interrupted evaluation
     continues its trajectory when run again (see :func:`run_authors_protocol`).
+    ``dpimagebench_state_prefix``: the same for DPImageBench's protocol, one file per
+    classifier (``<prefix>-<classifier>.npz``).
     """
     started = time.perf_counter()
     _check_inputs(synthetic, test, settings)
+    dpimagebench_validation = None
+    if settings.dpimagebench is not None:      # refused before any training if unusable
+        dpimagebench.classifier_training_rows(len(synthetic), settings.dpimagebench)
+        dpimagebench_validation = dpimagebench.load_validation(
+            train_split_name(synthetic.spec.name), data_dir, settings.dpimagebench)
     if settings.quality:
         _note_the_domain_classifier(synthetic, settings, data_dir, cache_dir, log)
     seeds = settings.seeds()
@@ -371,6 +396,10 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
         protocols[authors_key(settings.authors)] = run_authors_protocol(
             as_given, test, settings.authors, seed=seeds["init"],
             state_path=authors_state_path, log=log)
+    if settings.dpimagebench is not None:
+        protocols["dpimagebench"] = dpimagebench.run_dpimagebench(
+            as_given, test, settings.dpimagebench, seed=seeds["init"],
+            validation=dpimagebench_validation, state_prefix=dpimagebench_state_prefix, log=log)
     quality_result = None
     if settings.quality:
         quality_result = score_quality(synthetic, test, samples=settings.quality_samples,
@@ -476,6 +505,7 @@ def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
                   data_dir: str | None = None, settings: EvalSettings = EvalSettings(),
                   cache_dir: str | None = None,
                   authors_state_path: str | os.PathLike | None = None,
+                  dpimagebench_state_prefix: str | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """:func:`evaluate` for samples on disk; dataset/data_dir default to the run's config."""
     saved = run_dir_config(path)
@@ -487,7 +517,8 @@ def evaluate_path(path: str | os.PathLike, dataset: str | None = None, *,
     test = load_test(dataset, data_dir, limit=settings.test_limit,
                      test_set=settings.test_set)
     record = evaluate(synthetic, test, settings, data_dir=data_dir, cache_dir=cache_dir,
-                      input_kind=kind, authors_state_path=authors_state_path, log=log)
+                      input_kind=kind, authors_state_path=authors_state_path,
+                      dpimagebench_state_prefix=dpimagebench_state_prefix, log=log)
     record["input"]["path"] = os.fspath(path)
     return record
 

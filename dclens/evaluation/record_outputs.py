@@ -84,6 +84,9 @@ def summary_line(record: dict) -> str:
             f"sen {p['sen']['accuracy']:.4f}")
     for authors in authors_entries(p):
         text += f" | authors (range {authors['settings']['range']}) {authors['accuracy']:.4f}"
+    if "dpimagebench" in p:
+        names = ", ".join(p["dpimagebench"]["classifiers"])
+        text += f" | DPImageBench ({names}) {p['dpimagebench']['accuracy']:.4f}"
     text += f" | {record['input']['samples']} samples"
     if record.get("quality"):
         q = record["quality"]

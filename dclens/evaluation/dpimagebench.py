@@ -1,0 +1,409 @@
+"""DPImageBench's downstream-accuracy protocol, to place dclens in the field's table.
+
+DPImageBench (Gong et al., CCS 2025; code 2019ChenGong/DPImageBench at 565f8d7, facts in
+docs/evaluation.md) scores a synthesizer of 28x28 images with ``eval.mode=val``:
+
+1. The real training split is cut into 55,000 records the synthesizer trains on and
+   5,000 *validation* records it never sees.
+2. It generates 60,000 samples; a fixed shuffle (numpy ``default_rng(0)``) of them puts the
+   first 55,000 in the classifier's training set.
+3. Each classifier (ResNet-110, WRN-40-4, ResNeXt-29) trains 50 epochs: Adam lr 0.01,
+   divided by 5 every 20 epochs, batch 256, inputs scaled to [-1, 1], an exponential
+   moving average of the weights (decay min(0.9999, (1 + n) / (10 + n)) after update n).
+4. After every epoch the averaged weights are measured on the validation records and the
+   real test set; a classifier's accuracy is its test accuracy at the epoch of best
+   validation accuracy (ties: the later epoch).  The reported number is the mean over the
+   classifiers.
+
+Here, with dclens' data-independent splits (:mod:`dclens.data.splits`), the validation
+records are the **last** :data:`VALIDATION_RECORDS` of the training split (records
+55,000-59,999 of Fashion-MNIST, part of the tuning split): a run trained on the private
+records (``--training_records private``, records 0-49,999) never read them, as
+DPImageBench's synthesizers never read theirs.  A run trained on any of them is refused:
+its validation accuracy would be measured on its own training data.  Differences, stated
+in every record: the synthesizer trained on 50,000 records, not 55,000; the validation
+records are an index range, not ``torch.random_split``'s; Keras' Adam adds its epsilon to
+the uncorrected second moment; initial weights and shuffles come from dclens' seeds.
+
+The selection reads the validation records without noise (as DPImageBench's reported
+numbers do; its code also computes a Laplace-noised selection that it logs but does not
+report), so the reported accuracy is not itself differentially private with respect to
+the 5,000 validation records -- they are outside the synthesizer's guarantee, which is
+the benchmark's design.
+
+Only ResNet is implemented (:func:`build_resnet`, depth 6n+2, DPImageBench's 110 by
+default).  On a small CPU all three are far out of reach (ResNet-110: ~0.6 GFLOP per
+training image, 55,000 x 50 of them); ``--dpimagebench_depth 20`` is the stated subset
+that fits, and is named in every record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from dclens import data
+from dclens.data import splits
+from dclens.evaluation import epoch_state
+from dclens.evaluation.synthetic_input import EvaluationError, train_split_name
+
+#: The last records of the training split, held out as the validation set.
+VALIDATION_RECORDS = 5_000
+#: DPImageBench's classifiers, of which :data:`IMPLEMENTED` run here.
+CLASSIFIERS = ("resnet", "wrn", "resnext")
+IMPLEMENTED = ("resnet",)
+BN_EPSILON = 1e-5
+BN_MOMENTUM = 0.9          # torch's momentum 0.1
+ADAM_EPSILON = 1e-8        # torch's default
+
+
+def validation_range(total: int) -> range:
+    """The validation records' indices in a training split of ``total`` records."""
+    if total <= VALIDATION_RECORDS:
+        raise EvaluationError(f"the training split has {total} records; DPImageBench's "
+                              f"protocol holds out the last {VALIDATION_RECORDS}")
+    return range(total - VALIDATION_RECORDS, total)
+
+
+def check_unseen(generator_records: splits.TrainingRecords | str, total: int) -> None:
+    """Refuses a synthesizer that trained on any validation record."""
+    trained = splits.record_range(total, generator_records)
+    held = validation_range(total)
+    overlap = range(max(trained.start, held.start), min(trained.stop, held.stop))
+    if len(overlap):
+        raise EvaluationError(
+            f"DPImageBench's protocol selects the classifier on the training records "
+            f"{held.start}-{held.stop - 1}, but these samples come from a run trained on "
+            f"{splits.TrainingRecords.parse(generator_records).value!r} records, "
+            f"{overlap.start}-{overlap.stop - 1} among them: the selection would see the "
+            f"synthesizer's own training data. Evaluate a run trained with "
+            f"--training_records private")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPImageBenchProtocol:
+    """DPImageBench's settings (defaults: theirs for 28x28 images) and what the synthesizer
+    trained on (``generator_records``: must not include the validation records)."""
+
+    generator_records: splits.TrainingRecords = splits.TrainingRecords.PRIVATE
+    classifiers: tuple[str, ...] = ("resnet",)
+    resnet_depth: int = 110
+    generated_samples: int = 60_000
+    train_samples: int = 55_000
+    epochs: int = 50
+    batch_size: int = 256
+    learning_rate: float = 0.01
+    lr_step_epochs: int = 20
+    lr_gamma: float = 0.2
+    ema_decay: float = 0.9999
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "generator_records",
+                           splits.TrainingRecords.parse(self.generator_records))
+        object.__setattr__(self, "classifiers", tuple(self.classifiers))
+        for name in ("resnet_depth", "generated_samples", "train_samples", "epochs",
+                     "batch_size", "lr_step_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
+        if (self.resnet_depth - 2) % 6:
+            raise EvaluationError(f"resnet_depth must be 6n+2 (20, 32, 44, 56, 110, ...), "
+                                  f"got {self.resnet_depth}")
+        if self.train_samples > self.generated_samples:
+            raise EvaluationError(f"train_samples ({self.train_samples}) exceeds "
+                                  f"generated_samples ({self.generated_samples})")
+        unknown = [c for c in self.classifiers if c not in CLASSIFIERS]
+        missing = [c for c in self.classifiers if c in CLASSIFIERS and c not in IMPLEMENTED]
+        if not self.classifiers or unknown:
+            raise EvaluationError(f"classifiers must be some of {list(CLASSIFIERS)}, got "
+                                  f"{list(self.classifiers)}")
+        if missing:
+            raise EvaluationError(f"{missing} are DPImageBench classifiers not implemented "
+                                  f"here (far beyond a CPU); use {list(IMPLEMENTED)}")
+        for name in ("learning_rate", "lr_gamma"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise EvaluationError(f"{name} must be > 0, got {value!r}")
+        if not 0 <= self.ema_decay < 1:
+            raise EvaluationError(f"ema_decay must be in [0, 1), got {self.ema_decay!r}")
+
+    @property
+    def is_dpimagebench(self) -> bool:
+        """Their settings apart from the classifier depth and which classifiers run."""
+        return dataclasses.replace(self, classifiers=("resnet",), resnet_depth=110,
+                                   generator_records=splits.TrainingRecords.PRIVATE
+                                   ) == DPImageBenchProtocol()
+
+    def learning_rate_at(self, epoch: int) -> float:
+        """The step schedule's rate in (0-based) ``epoch``."""
+        return self.learning_rate * self.lr_gamma ** (epoch // self.lr_step_epochs)
+
+    def to_dict(self) -> dict:
+        values = dataclasses.asdict(self)
+        values["generator_records"] = self.generator_records.value
+        values["classifiers"] = list(self.classifiers)
+        return values
+
+
+def ema_decay_at(decay: float, update: int) -> float:
+    """DPImageBench's (and TF's ``num_updates``) warm-up: min(decay, (1+n)/(10+n))."""
+    return min(decay, (1 + update) / (10 + update))
+
+
+# --------------------------------------------------------------------------- the network
+
+def build_resnet(image_shape: tuple[int, int, int], num_classes: int, *, depth: int,
+                 seed: int):
+    """The CIFAR ResNet of DPImageBench's evaluator (He et al.'s 6n+2 BasicBlock net,
+    16-32-64 channels) as a Keras model mapping images in [-1, 1] to logits.
+
+    Convolutions have no bias and weights ~ N(0, 2 / (k*k*out)); batch normalisation
+    starts at gamma 1, beta 0; the final dense layer is torch's default (weights and bias
+    ~ U(+-1/sqrt(fan_in))).  Padding is explicit (one pixel each side), as torch's, so a
+    stride-2 convolution samples the same positions.  Every layer's initializer has its
+    own seed, derived from ``seed``.
+    """
+    import keras
+    layers = keras.layers
+
+    if (depth - 2) % 6:
+        raise EvaluationError(f"depth must be 6n+2, got {depth}")
+    blocks = (depth - 2) // 6
+    keys = iter(np.random.SeedSequence(int(seed)).generate_state(6 * blocks + 8, np.uint32)
+                >> 1)
+
+    def conv(h, filters, kernel, stride, name):
+        init = keras.initializers.RandomNormal(
+            stddev=math.sqrt(2.0 / (kernel * kernel * filters)), seed=int(next(keys)))
+        if kernel > 1:
+            h = layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(h)
+        return layers.Conv2D(filters, kernel, strides=stride, use_bias=False,
+                             kernel_initializer=init, name=name)(h)
+
+    def norm(h, name):
+        return layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM,
+                                         name=name)(h)
+
+    image = keras.Input(tuple(image_shape), name="image")
+    h = layers.ReLU()(norm(conv(image, 16, 3, 1, "conv1"), "bn1"))
+    channels = 16
+    for stage, filters in enumerate((16, 32, 64), start=1):
+        for block in range(blocks):
+            stride = 2 if stage > 1 and block == 0 else 1
+            name = f"layer{stage}_{block}"
+            out = layers.ReLU()(norm(conv(h, filters, 3, stride, f"{name}_conv1"),
+                                     f"{name}_bn1"))
+            out = norm(conv(out, filters, 3, 1, f"{name}_conv2"), f"{name}_bn2")
+            if stride != 1 or channels != filters:
+                h = norm(conv(h, filters, 1, stride, f"{name}_down"), f"{name}_down_bn")
+            h = layers.ReLU()(layers.Add()([out, h]))
+            channels = filters
+    h = layers.GlobalAveragePooling2D()(h)
+    bound = 1.0 / math.sqrt(channels)
+    logits = layers.Dense(
+        num_classes, name="fc",
+        kernel_initializer=keras.initializers.RandomUniform(-bound, bound,
+                                                            seed=int(next(keys))),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound,
+                                                          seed=int(next(keys))))(h)
+    return keras.Model(image, logits, name=f"resnet{depth}")
+
+
+def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
+    return f"resnet{protocol.resnet_depth}" if classifier == "resnet" else classifier
+
+
+# --------------------------------------------------------------------------- training
+
+class _Trainer:
+    """One classifier, Adam on the mean cross-entropy, and the weights' moving average."""
+
+    def __init__(self, model, protocol: DPImageBenchProtocol):
+        import keras
+        import tensorflow as tf
+
+        self.tf, self.model, self.protocol = tf, model, protocol
+        self.trainable = model.trainable_variables
+        self.optimizer = keras.optimizers.Adam(protocol.learning_rate, epsilon=ADAM_EPSILON)
+        self.optimizer.build(self.trainable)
+        self.average = [tf.Variable(v, trainable=False) for v in self.trainable]
+        self.updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._step = tf.function(self._step_impl, reduce_retracing=True)
+        self._predict = tf.function(lambda x: tf.argmax(model(x, training=False), axis=1),
+                                    reduce_retracing=True)
+
+    @property
+    def state(self) -> list:
+        """Every variable a resumed run needs, in a fixed order."""
+        return [*self.model.variables, *self.average, *self.optimizer.variables, self.updates]
+
+    def _step_impl(self, x, y):
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            logits = self.model(x, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable),
+                                           self.trainable))
+        self.updates.assign_add(1)
+        n = tf.cast(self.updates, tf.float32)
+        decay = tf.minimum(self.protocol.ema_decay, (1.0 + n) / (10.0 + n))
+        for average, variable in zip(self.average, self.trainable):
+            average.assign_sub((1.0 - decay) * (average - variable))
+        return loss
+
+    def train_epoch(self, images: np.ndarray, labels: np.ndarray, epoch: int,
+                    rng: np.random.Generator) -> float:
+        self.optimizer.learning_rate = self.protocol.learning_rate_at(epoch)
+        order = rng.permutation(len(images))
+        losses = []
+        for start in range(0, len(order), self.protocol.batch_size):
+            rows = order[start:start + self.protocol.batch_size]
+            losses.append(float(self._step(self.tf.constant(images[rows]),
+                                           self.tf.constant(labels[rows]))))
+        return float(np.mean(losses))
+
+    def averaged_accuracy(self, sets: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        """Accuracies of the *averaged* weights (inference mode) on each (images, labels)."""
+        current = [v.numpy() for v in self.trainable]
+        for variable, average in zip(self.trainable, self.average):
+            variable.assign(average)
+        try:
+            out = []
+            for images, labels in sets:
+                predicted = np.concatenate([self._predict(images[s:s + 1000]).numpy()
+                                            for s in range(0, len(images), 1000)])
+                out.append(float(np.mean(predicted == labels)))
+            return out
+        finally:
+            for variable, value in zip(self.trainable, current):
+                variable.assign(value)
+
+
+def scaled(images: np.ndarray) -> np.ndarray:
+    """[0, 1] pixels as DPImageBench feeds them: x * 2 - 1, float32."""
+    return (np.asarray(images, np.float32) * 2.0 - 1.0).astype(np.float32)
+
+
+def classifier_training_rows(count: int, protocol: DPImageBenchProtocol) -> np.ndarray:
+    """Indices of the synthetic samples a classifier trains on: the first
+    ``train_samples`` of numpy ``default_rng(0)``'s permutation of the first
+    ``generated_samples`` (DPImageBench's fixed shuffle)."""
+    if count < protocol.generated_samples:
+        raise EvaluationError(
+            f"DPImageBench's protocol reads {protocol.generated_samples} samples; got "
+            f"{count}. Write at least that many (e.g. --num_samples "
+            f"{protocol.generated_samples})")
+    order = np.random.default_rng(seed=0).permutation(protocol.generated_samples)
+    return order[:protocol.train_samples]
+
+
+def train_classifier(classifier: str, synthetic: data.LabeledImages,
+                     validation: data.LabeledImages, test: data.LabeledImages,
+                     protocol: DPImageBenchProtocol, *, seed: int, state_path=None,
+                     log: Callable[[str], None] | None = None) -> dict:
+    """One classifier of the protocol: its curves and its selected accuracy.
+
+    ``state_path``: an npz saved after every epoch and resumed from (the same trajectory).
+    """
+    rows = classifier_training_rows(len(synthetic), protocol)
+    images, labels = scaled(synthetic.images[rows]), synthetic.labels[rows].astype(np.int64)
+    monitored = [(scaled(validation.images), validation.labels),
+                 (scaled(test.images), test.labels)]
+    init_seed, shuffle_seed = (int(s) for s in np.random.SeedSequence(seed)
+                               .generate_state(2, np.uint32) >> 1)
+    model = build_resnet(synthetic.spec.image_shape, synthetic.spec.num_classes,
+                         depth=protocol.resnet_depth, seed=init_seed)
+    trainer = _Trainer(model, protocol)
+    rng = np.random.default_rng(shuffle_seed)
+    name = classifier_name(protocol, classifier)
+    state = epoch_state.EpochState(state_path, {
+        "settings": protocol.to_dict(), "classifier": name, "seed": seed,
+        "samples": epoch_state.samples_fingerprint(images, labels),
+        "validation": epoch_state.samples_fingerprint(validation.images, validation.labels),
+        "test": epoch_state.samples_fingerprint(test.images, test.labels)},
+        "a DPImageBench-protocol run")
+    curves = {"epoch": [], "val_accuracy": [], "test_accuracy": [], "loss": [], "seconds": []}
+    resumed = state.load()
+    if resumed is not None:
+        meta, arrays = resumed
+        for variable, value in zip(trainer.state, arrays):
+            variable.assign(value)
+        rng.bit_generator.state = meta["rng"]
+        curves = meta["curves"]
+        if log is not None:
+            log(f"dpimagebench {name}: resumed after epoch {meta['epoch']}")
+    for epoch in range(len(curves["epoch"]), protocol.epochs):
+        started = time.perf_counter()
+        loss = trainer.train_epoch(images, labels, epoch, rng)
+        val_accuracy, test_accuracy = trainer.averaged_accuracy(monitored)
+        for key, value in (("epoch", epoch + 1), ("val_accuracy", val_accuracy),
+                           ("test_accuracy", test_accuracy), ("loss", loss),
+                           ("seconds", time.perf_counter() - started)):
+            curves[key].append(value)
+        state.save(epoch + 1, rng, curves, [v.numpy() for v in trainer.state])
+        if log is not None:
+            log(f"dpimagebench {name} epoch {epoch + 1}/{protocol.epochs}: val "
+                f"{val_accuracy:.4f} test {test_accuracy:.4f} loss {loss:.4f} "
+                f"({curves['seconds'][-1]:.0f} s)")
+    chosen = select_latest_best(curves["val_accuracy"])
+    return {"classifier": name, "accuracy": curves["test_accuracy"][chosen],
+            "epoch": chosen + 1, "val_accuracy": curves["val_accuracy"][chosen],
+            "best_test_accuracy": max(curves["test_accuracy"]), "seed": seed,
+            "curves": curves, "seconds": float(sum(curves["seconds"]))}
+
+
+def select_latest_best(val_accuracy) -> int:
+    """DPImageBench's choice: the epoch of best validation accuracy, the *latest* of ties
+    (their ``>=``).  Reads only the validation curve."""
+    curve = np.asarray(list(val_accuracy), np.float64)
+    if curve.size == 0 or not np.all(np.isfinite(curve)):
+        raise EvaluationError(f"no usable validation curve to select from: {curve.tolist()}")
+    return int(curve.size - 1 - np.argmax(curve[::-1]))
+
+
+def run_dpimagebench(synthetic: data.LabeledImages, test: data.LabeledImages,
+                     protocol: DPImageBenchProtocol, *, data_dir=None, seed: int,
+                     validation: data.LabeledImages | None = None, state_prefix=None,
+                     log: Callable[[str], None] = print) -> dict:
+    """The protocol's record: each classifier's entry and their mean accuracy.
+
+    ``validation``: the held-out real records (default: the last
+    :data:`VALIDATION_RECORDS` of the training split in ``data_dir``, after checking that
+    ``protocol.generator_records`` excludes them).  ``state_prefix``: each classifier
+    saves its resume state to ``<state_prefix>-<classifier>.npz``.
+    """
+    if validation is None:
+        validation = load_validation(train_split_name(synthetic.spec.name), data_dir,
+                                     protocol)
+    entries = {}
+    for classifier in protocol.classifiers:
+        name = classifier_name(protocol, classifier)
+        log(f"dpimagebench {name}: {protocol.train_samples} of {protocol.generated_samples} "
+            f"samples, {protocol.epochs} epochs of Adam, selected on {len(validation)} "
+            f"held-out real records")
+        path = None if state_prefix is None else f"{state_prefix}-{name}.npz"
+        entries[name] = train_classifier(classifier, synthetic, validation, test, protocol,
+                                         seed=seed, state_path=path, log=log)
+    accuracy = float(np.mean([e["accuracy"] for e in entries.values()]))
+    names = ", ".join(entries)
+    log(f"dpimagebench protocol ({names}): {accuracy:.4f}")
+    return {"accuracy": accuracy, "classifiers": entries, "settings": protocol.to_dict(),
+            "dpimagebench_settings": protocol.is_dpimagebench,
+            "validation": validation.source,
+            "description": (f"DPImageBench's eval.mode=val with {names} (theirs: resnet110, "
+                            "wrn, resnext): test accuracy at the epoch of best accuracy on "
+                            f"{len(validation)} real training records the synthesizer did "
+                            f"not train on ({protocol.generator_records.value} records)")}
+
+
+def load_validation(dataset: str, data_dir, protocol: DPImageBenchProtocol
+                    ) -> data.LabeledImages:
+    """The validation records of ``dataset``'s training split, after :func:`check_unseen`."""
+    def span(total: int) -> range:
+        check_unseen(protocol.generator_records, total)
+        return validation_range(total)
+    return splits.load_span(dataset, data_dir, span, "DPImageBench validation records")
