@@ -43,6 +43,21 @@ def add_data(parser: argparse.ArgumentParser, *, what: str = "") -> None:
                         help=f"use the first N training records{what} only")
 
 
+TRAINING_RECORDS_HELP = (
+    "which training records: all (the paper's); private (all but the last 10,000, the "
+    "tuning split, which this run never reads: for a configuration tuned on that split); "
+    "tuning (the tuning split's first 8,000: a screening run, not a private release of "
+    "the private records)")
+
+
+def add_training_records(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--training_records`` (:mod:`dclens.data.splits`)."""
+    from dclens.data.splits import TrainingRecords
+
+    parser.add_argument("--training_records", choices=[r.value for r in TrainingRecords],
+                        default=default, help=TRAINING_RECORDS_HELP)
+
+
 def add_seed(parser: argparse.ArgumentParser, help_text: str = SEED_HELP) -> None:
     parser.add_argument("--seed", type=int, help=help_text)
 

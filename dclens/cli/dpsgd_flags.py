@@ -18,6 +18,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add("--method", choices=[m.value for m in Method], default=defaults.method.value)
     add("--dataset", choices=("fashion_mnist", "mnist"), default=defaults.dataset)
     common_flags.add_data(parser)
+    common_flags.add_training_records(parser, default=defaults.training_records.value)
     common_flags.add_budget(parser, default_eps=defaults.target_eps)
     add("--delta", type=float, default=defaults.delta)
     add("--conversion", choices=[c.value for c in Conversion],
@@ -65,7 +66,8 @@ def config_from_args(args: argparse.Namespace) -> DpsgdConfig:
     target, sigma = common_flags.budget_from_args(args, default_eps=DpsgdConfig().target_eps)
     return DpsgdConfig(
         method=args.method, dataset=args.dataset, data_dir=args.data_dir,
-        max_records=args.max_records, target_eps=target, sigma=sigma,
+        max_records=args.max_records, training_records=args.training_records,
+        target_eps=target, sigma=sigma,
         delta=args.delta, conversion=args.conversion, batch_size=args.batch_size,
         epochs=args.epochs, learning_rate=args.learning_rate, momentum=args.momentum,
         lr_milestones=tuple(args.lr_milestones), lr_decay=args.lr_decay,

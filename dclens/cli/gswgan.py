@@ -35,6 +35,7 @@ from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens.gswgan.accounting import Accounting, CriticUpdates
 from dclens import data
+from dclens.data.splits import TrainingRecords
 from dclens.runs import rundir
 from dclens.runs.checkpoint import CheckpointError
 from dclens.gswgan import train
@@ -53,6 +54,7 @@ _HELP = {
     "num_samples": "images released at the end (paper 60000)",
     "seed": "fix every draw, DP noise included (NOT for publication)",
     "max_records": "use the first N training records only",
+    "training_records": common_flags.TRAINING_RECORDS_HELP,
     "critic_updates": "discard: each DP iteration trains a copy of the drawn discriminator "
                       "and drops it (provable); keep: the released code's, D keeps its "
                       "updates (NOT proven under any accounting)",
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     choices = {"accounting": [a.value for a in Accounting],
                "critic_updates": [c.value for c in CriticUpdates],
                "conversion": [c.value for c in Conversion],
+               "training_records": [r.value for r in TrainingRecords],
                "dataset": ["fashion_mnist", "mnist"]}
     for field in dataclasses.fields(GswganConfig):
         if field.name in ("target_eps", "sigma"):

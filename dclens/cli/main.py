@@ -22,7 +22,7 @@ import os
 import sys
 
 from dclens.datalens import config as cfg
-from dclens.cli import interrupted
+from dclens.cli import common_flags, interrupted
 from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens import data
@@ -275,10 +275,7 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
              "this decay (post-processing, no privacy cost; 0: off)")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
-        help="which training records: all (the paper's); private (all but the last "
-             "10,000, the tuning split, which this run never reads: for a configuration "
-             "tuned on that split); tuning (the tuning split's first 8,000: a screening "
-             "run, not a private release of the private records)")
+        help=common_flags.TRAINING_RECORDS_HELP)
     add("--quiet", action="store_true", help="no progress bar")
     add("--restart", action="store_true", help="set the run in --checkpoint_dir aside "
         "(renamed to <dir>.old-<time>, never deleted) and start over; without it an "

@@ -6,6 +6,8 @@ import dataclasses
 from typing import Any
 
 from dclens import data
+from dclens.data import splits
+from dclens.data.splits import TrainingRecords
 from dclens.privacy.accounting import Conversion
 from dclens.common.field_checks import FieldChecks, is_finite_number
 from dclens.dpsgd.mechanisms import Method
@@ -67,6 +69,7 @@ class DpsgdConfig:
     dataset: str = "fashion_mnist"
     data_dir: str | None = None
     max_records: int | None = None       # train on the first N training records only
+    training_records: TrainingRecords = TrainingRecords.ALL   # :mod:`dclens.data.splits`
     target_eps: float | None = 1.0       # calibrate sigma to spend this in ``epochs``
     sigma: float | None = None           # or give sigma (then target_eps must be None)
     delta: float = 1e-5
@@ -99,6 +102,7 @@ class DpsgdConfig:
         if self.learning_rate is None:
             object.__setattr__(self, "learning_rate", DEFAULT_LEARNING_RATES[self.method])
         check.enum("conversion", Conversion)
+        check.enum("training_records", TrainingRecords)
         if self.dataset not in ("mnist", "fashion_mnist"):
             check.fail("dataset", "private classifiers run on mnist or fashion_mnist")
         check.budget()
@@ -160,6 +164,7 @@ class DpsgdConfig:
         values = dataclasses.asdict(self)
         values["method"] = self.method.value
         values["conversion"] = self.conversion.value
+        values["training_records"] = self.training_records.value
         values["lr_milestones"] = list(self.lr_milestones)
         return values
 
@@ -174,6 +179,7 @@ class DpsgdConfig:
 
 
 def dataset_records(config: DpsgdConfig) -> data.LabeledImages:
-    """The training split the run reads (all of it, or the first ``max_records``)."""
-    return data.load_dataset(config.dataset, config.data_dir, split="train",
-                             limit=config.max_records)
+    """The records the run reads: the config's ``training_records`` of the training split
+    (the first ``max_records`` of them if given)."""
+    return splits.load_training_records(config.dataset, config.data_dir,
+                                        config.training_records, limit=config.max_records)

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from dclens.common import export
+from dclens.data import splits
 from dclens.runs import rundir
 from dclens.privacy import sampled_ledger
 from dclens.runs.checkpoint import CheckpointStore
@@ -173,7 +174,10 @@ def _set_up(config: DpsgdConfig, run_dir: str, *, restart: bool,
                              changeable=CHANGEABLE_ON_RESUME, log=log)
     seeds = SeedTree(opened.root_seed)
     records = dataset_records(config)
-    test = evaluate.load_test(config.dataset, config.data_dir)
+    # A screening run (tuning records) is scored on the tuning holdout, never the test set.
+    test_set = (evaluate.TUNING_HOLDOUT
+                if config.training_records is splits.TrainingRecords.TUNING else evaluate.TEST)
+    test = evaluate.load_test(config.dataset, config.data_dir, test_set=test_set)
     spec = records.spec
     split = split_records(records.images, records.labels, config, seeds, spec.num_classes)
     n = len(split.private_labels)
@@ -191,6 +195,8 @@ def _set_up(config: DpsgdConfig, run_dir: str, *, restart: bool,
              "sigma_from": "given" if config.sigma is not None else
              f"calibrated to epsilon {config.target_eps} in {total_steps} steps",
              "parameters": model.num_params, "steps_per_epoch": steps_per_epoch}
+    if config.training_records is not splits.TrainingRecords.ALL:   # the paper's: unsaid
+        facts.update(training_records=config.training_records.value, test=test.source)
     return _Setup(opened, seeds, records.source, test, split, rate, total_steps,
                   steps_per_epoch, sigma, model, mechanism, mechanism.event(rate), facts)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dclens.data.splits import TrainingRecords
 from dclens.privacy.accounting import Conversion
 from dclens.common.field_checks import FieldChecks
 from dclens.gswgan.accounting import Accounting, CriticUpdates
@@ -46,6 +47,7 @@ class GswganConfig:
     dataset: str = "fashion_mnist"
     data_dir: str | None = None
     max_records: int | None = None
+    training_records: TrainingRecords = TrainingRecords.ALL   # :mod:`dclens.data.splits`
     num_discriminators: int = 1000
     target_eps: float | None = 10.0
     sigma: float | None = None
@@ -76,6 +78,7 @@ class GswganConfig:
         check = FieldChecks(self, GswganConfigError)
         check.enum("accounting", Accounting)
         check.enum("critic_updates", CriticUpdates)
+        check.enum("training_records", TrainingRecords)
         check.enum("conversion", Conversion)
         if self.conversion is Conversion.PLD:
             check.fail("conversion", "GS-WGAN samples one discriminator without replacement "
@@ -98,6 +101,7 @@ class GswganConfig:
         values = dataclasses.asdict(self)
         values["accounting"] = self.accounting.value
         values["critic_updates"] = self.critic_updates.value
+        values["training_records"] = self.training_records.value
         values["conversion"] = self.conversion.value
         return values
 

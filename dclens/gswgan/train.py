@@ -52,6 +52,7 @@ from dclens.gswgan.discriminators import (GENERATOR, DiscriminatorBank, FaultHoo
                                           new_discriminator, new_generator, real_batches,
                                           warm_start)
 from dclens.privacy.accounting import HYPERPARAMETER_SELECTION, guarantee_label
+from dclens.data import splits
 from dclens.runs import rundir
 from dclens.runs.checkpoint import CheckpointStore
 from dclens.runs.journal import PrivacyJournal
@@ -62,8 +63,10 @@ def _no_hook(point: str, step: int) -> None:
 
 
 def load_records(config: GswganConfig) -> data.LabeledImages:
-    return data.load_dataset(config.dataset, config.data_dir, split="train",
-                             limit=config.max_records)
+    """The private records: the config's ``training_records`` of the training split (the
+    first ``max_records`` of them if given)."""
+    return splits.load_training_records(config.dataset, config.data_dir,
+                                        config.training_records, limit=config.max_records)
 
 
 def shard_indices(labels: np.ndarray, config: GswganConfig, seeds: SeedTree,
