@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -242,3 +243,67 @@ def test_whole_runs_end_to_end_through_the_tool(tmp_path, monkeypatch, capsys):
     # Other settings in the same directory are refused, quoting what differs.
     assert cli.main([*shared, "--max_eps", "45"]) == 2
     assert "differ" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- claims
+def test_a_run_claim_is_exclusive_taken_over_when_stale_and_released(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    lines = []
+    claim = tmp_path / whole_run_study.CLAIM_FILE
+    with whole_run_study.claim_run(str(tmp_path), lines.append) as held:
+        assert held
+        assert claim.read_text() == f"{socket.gethostname()} {os.getpid()}"
+        with whole_run_study.claim_run(str(tmp_path), lines.append) as again:
+            assert not again                      # a live holder (this very process)
+        assert claim.exists() and f"claimed by process {os.getpid()}" in lines[-1]
+    assert not claim.exists()                     # released on leaving
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    claim.write_text(f"{socket.gethostname()} {gone}")
+    with whole_run_study.claim_run(str(tmp_path), lines.append) as held:
+        assert held                               # its process is gone: taken over
+    claim.write_text("another-host 1")
+    with whole_run_study.claim_run(str(tmp_path), lines.append) as held:
+        assert not held and "process 1 on another-host" in lines[-1]
+    assert claim.read_text() == "another-host 1"  # respected, not removed
+
+
+def test_the_authors_protocol_phase_skips_runs_another_process_claimed(tmp_path,
+                                                                         monkeypatch):
+    import types
+
+    runs = [tmp_path / "authors-0", tmp_path / "dclens-0"]
+    for run in runs:
+        run.mkdir()
+    (runs[0] / whole_run_study.CLAIM_FILE).write_text("another-host 7")
+    done = []
+    monkeypatch.setattr(whole_run_study, "_trained", lambda study: [
+        ("authors", 0, str(runs[0])), ("dclens", 0, str(runs[1]))])
+    monkeypatch.setattr(whole_run_study.evaluate, "load_test", lambda *a, **k: "test")
+    monkeypatch.setattr(whole_run_study, "load_synthetic", lambda path, name: (path, "npz"))
+
+    def fake_protocol(synthetic, test, protocol, *, seed, state_path, log):
+        assert (pathlib.Path(state_path).parent / whole_run_study.CLAIM_FILE).exists()
+        done.append(synthetic)
+        return {"accuracy": 0.5}
+    monkeypatch.setattr(whole_run_study.evaluate, "run_authors_protocol", fake_protocol)
+    study = types.SimpleNamespace(
+        authors=object(), evaluation=types.SimpleNamespace(test_limit=None,
+                                                           seeds=lambda: {"init": 1}))
+    whole_run_study.authors_protocol_runs(study, log=lambda _: None)
+    assert done == [str(runs[1] / "samples.npz")]          # the claimed run was skipped
+    assert json.loads((runs[1] / whole_run_study.AUTHORS_PROTOCOL_FILE).read_text()) == {
+        "accuracy": 0.5}
+    assert not (runs[1] / whole_run_study.CLAIM_FILE).exists()
+    assert not (runs[0] / whole_run_study.AUTHORS_PROTOCOL_FILE).exists()
+
+
+def test_whole_runs_refuse_a_thread_count_below_one():
+    from dclens.cli import side_by_side as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--authors_repo", str(AUTHORS), "--whole_runs", "1", "--threads", "0",
+                  "--max_eps", "5"])

@@ -19,9 +19,11 @@ run, ``authors-<i>`` / ``dclens-<i>``.  Work goes in three phases, each resumabl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import socket
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -148,16 +150,83 @@ def authors_protocol_runs(study: Study, *, data_dir: str | None = None,
                           log: Callable[[str], None] = print) -> None:
     """Phase 3 for every trained run without ``authors_protocol.json`` (none when the study
     has no authors' protocol).  Their script reads the first pickles: the first samples of
-    ``samples.npz`` on both sides (the same rows, in the same order)."""
+    ``samples.npz`` on both sides (the same rows, in the same order).
+
+    Several processes may run this phase of one study at once (e.g. two with one thread
+    each, which on a 2-core CPU finish more runs per hour than one with two): each claims
+    a run with a lock file before it starts it (:func:`claim_run`) and skips runs claimed
+    by a live process."""
     if study.authors is None:
         return
     test = evaluate.load_test("fashion_mnist", data_dir, limit=study.evaluation.test_limit)
-    for run_dir, synthetic, _, target in _pending(study, AUTHORS_PROTOCOL_FILE,
-                                                  "the authors' protocol on", log):
-        entry = evaluate.run_authors_protocol(
-            synthetic, test, study.authors, seed=study.evaluation.seeds()["init"],
-            state_path=os.path.join(run_dir, "authors_protocol_state.npz"), log=log)
-        export.write_json(target, entry)
+    for side, index, run_dir in _trained(study):
+        target = os.path.join(run_dir, AUTHORS_PROTOCOL_FILE)
+        if _done(target):
+            continue
+        with claim_run(run_dir, log) as claimed:
+            if not claimed or _done(target):
+                continue
+            log(f"the authors' protocol on {side} run {index}")
+            synthetic, _ = load_synthetic(os.path.join(run_dir, "samples.npz"),
+                                          "fashion_mnist")
+            entry = evaluate.run_authors_protocol(
+                synthetic, test, study.authors, seed=study.evaluation.seeds()["init"],
+                state_path=os.path.join(run_dir, "authors_protocol_state.npz"), log=log)
+            export.write_json(target, entry)
+
+
+#: A run's claim by the process working on its authors' protocol: "<host> <pid>".
+CLAIM_FILE = "authors_protocol.claim"
+
+
+@contextlib.contextmanager
+def claim_run(run_dir: str, log: Callable[[str], None]) -> Iterator[bool]:
+    """Yields whether this process holds ``run_dir``'s claim (created atomically with
+    O_EXCL; removed on leaving).  A claim left by a process of this host that is gone is
+    taken over; one of another host is respected and named (delete the file if no
+    process there works on the run)."""
+    path = os.path.join(run_dir, CLAIM_FILE)
+    mine = f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _claim_holder(path)
+            if holder is not None:
+                log(f"skipping {run_dir}: claimed by {holder} ({path}; delete it if no "
+                    "process works on that run)")
+                yield False
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)            # the claim of a process that died
+            continue
+        with os.fdopen(fd, "w") as stream:
+            stream.write(mine)
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return
+    yield False
+
+
+def _claim_holder(path: str) -> str | None:
+    """The live holder of a claim, or None when it is stale (its process is gone)."""
+    try:
+        with open(path) as stream:
+            host, pid = stream.read().split()
+    except (OSError, ValueError):
+        return None                        # unreadable or half-written: stale
+    if host != socket.gethostname():
+        return f"process {pid} on {host}"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return f"process {pid}"
 
 
 def run_study(study: Study, *, data_dir: str | None = None, cache_dir: str | None = None,
