@@ -115,9 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="TensorFlow threads of this process (intra- and inter-op; "
                             "default: TensorFlow's, every core). The authors_protocol phase "
                             "can run in several processes at once, each on the runs it "
-                            "claims: on a 2-core CPU two with --threads 1 finished an epoch "
-                            "each in 11 s against 6.7 s for one with both cores "
-                            "(docs/authors.md)")
+                            "claims: on a 2-core CPU two with --threads 1 did up to 1.8x "
+                            "the epochs per hour of one with both cores (docs/authors.md)")
     whole.add_argument("--smoke", action="store_true",
                        help="evaluation at a smoke-test size (1-epoch classifiers, 200 test "
                             "images): checks the path, its numbers mean nothing")
