@@ -32,9 +32,9 @@ def test_the_defaults_are_dpimagebenchs_and_the_schedule_steps_every_20_epochs()
     assert (protocol.resnet_depth, protocol.generated_samples, protocol.train_samples,
             protocol.epochs, protocol.batch_size, protocol.learning_rate) == (
                 110, 60_000, 55_000, 50, 256, 0.01)
-    assert protocol.is_dpimagebench
-    assert dataclasses.replace(protocol, resnet_depth=20).is_dpimagebench
-    assert not dataclasses.replace(protocol, epochs=49).is_dpimagebench
+    assert protocol.follows_dpimagebench
+    assert dataclasses.replace(protocol, resnet_depth=20).follows_dpimagebench
+    assert not dataclasses.replace(protocol, epochs=49).follows_dpimagebench
     rates = [protocol.learning_rate_at(e) for e in (0, 19, 20, 39, 40, 49)]
     np.testing.assert_allclose(rates, [0.01, 0.01, 0.002, 0.002, 0.0004, 0.0004])
 
@@ -190,7 +190,10 @@ def test_the_protocol_learns_and_reports_the_mean_over_its_classifiers():
     assert entry["val_accuracy"] == max(entry["curves"]["val_accuracy"])
     assert entry["best_test_accuracy"] >= entry["accuracy"]
     assert entry["accuracy"] > 0.3          # ten band classes: chance is 0.1
-    assert not record["dpimagebench_settings"] and "resnet8" in record["description"]
+    assert not record["follows_dpimagebench"] and "resnet8" in record["description"]
+    assert not record["all_dpimagebench_classifiers"]
+    with pytest.raises(EvaluationError, match="28x28x1"):
+        dpimagebench.check_images(data.dataset_spec("celebA-gender-train"))
 
 
 def test_settings_refuse_screening_and_keep_old_cache_keys():
@@ -203,6 +206,18 @@ def test_settings_refuse_screening_and_keep_old_cache_keys():
                               test_set=evaluate.TUNING_HOLDOUT)
     with pytest.raises(EvaluationError, match="not implemented"):
         dpimagebench.DPImageBenchProtocol(classifiers=("resnet", "wrn"))
+
+
+def test_a_baseline_runs_records_reach_the_cli(tmp_path):
+    """GS-WGAN / DP-SGD runs keep their settings at the top of config.json: their
+    training_records must reach --protocol dpimagebench too (absent: all)."""
+    from dclens.evaluation.synthetic_input import run_dir_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": {
+        "dataset": "fashion_mnist", "training_records": "private"}}))
+    assert run_dir_config(tmp_path)["train"]["training_records"] == "private"
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"dataset": "mnist"}}))
+    assert run_dir_config(tmp_path)["train"]["training_records"] == "all"
 
 
 def test_the_cli_builds_the_protocol_from_the_runs_records():

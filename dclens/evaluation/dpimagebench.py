@@ -132,8 +132,9 @@ class DPImageBenchProtocol:
             raise EvaluationError(f"ema_decay must be in [0, 1), got {self.ema_decay!r}")
 
     @property
-    def is_dpimagebench(self) -> bool:
-        """Their settings apart from the classifier depth and which classifiers run."""
+    def follows_dpimagebench(self) -> bool:
+        """Their split, schedule and selection (everything but which classifiers run and
+        the ResNet's depth, which every record names)."""
         return dataclasses.replace(self, classifiers=("resnet",), resnet_depth=110,
                                    generator_records=splits.TrainingRecords.PRIVATE
                                    ) == DPImageBenchProtocol()
@@ -288,6 +289,14 @@ def scaled(images: np.ndarray) -> np.ndarray:
     return (np.asarray(images, np.float32) * 2.0 - 1.0).astype(np.float32)
 
 
+def check_images(spec: data.DatasetSpec) -> None:
+    """The protocol here is DPImageBench's for 28x28 grey images (MNIST, Fashion-MNIST)."""
+    if tuple(spec.image_shape) != (28, 28, 1):
+        raise EvaluationError(f"DPImageBench's protocol is implemented for 28x28x1 images "
+                              f"(mnist, fashion_mnist); {spec.name} images are "
+                              f"{tuple(spec.image_shape)}")
+
+
 def classifier_training_rows(count: int, protocol: DPImageBenchProtocol) -> np.ndarray:
     """Indices of the synthetic samples a classifier trains on: the first
     ``train_samples`` of numpy ``default_rng(0)``'s permutation of the first
@@ -309,6 +318,7 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
 
     ``state_path``: an npz saved after every epoch and resumed from (the same trajectory).
     """
+    check_images(synthetic.spec)
     rows = classifier_training_rows(len(synthetic), protocol)
     images, labels = scaled(synthetic.images[rows]), synthetic.labels[rows].astype(np.int64)
     monitored = [(scaled(validation.images), validation.labels),
@@ -392,7 +402,9 @@ def run_dpimagebench(synthetic: data.LabeledImages, test: data.LabeledImages,
     names = ", ".join(entries)
     log(f"dpimagebench protocol ({names}): {accuracy:.4f}")
     return {"accuracy": accuracy, "classifiers": entries, "settings": protocol.to_dict(),
-            "dpimagebench_settings": protocol.is_dpimagebench,
+            "follows_dpimagebench": protocol.follows_dpimagebench,
+            "all_dpimagebench_classifiers": (protocol.resnet_depth == 110 and
+                                             set(protocol.classifiers) == set(CLASSIFIERS)),
             "validation": validation.source,
             "description": (f"DPImageBench's eval.mode=val with {names} (theirs: resnet110, "
                             "wrn, resnext): test accuracy at the epoch of best accuracy on "

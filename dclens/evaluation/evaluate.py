@@ -355,6 +355,7 @@ def evaluate(synthetic: data.LabeledImages, test: data.LabeledImages,
     _check_inputs(synthetic, test, settings)
     dpimagebench_validation = None
     if settings.dpimagebench is not None:      # refused before any training if unusable
+        dpimagebench.check_images(synthetic.spec)
         dpimagebench.classifier_training_rows(len(synthetic), settings.dpimagebench)
         dpimagebench_validation = dpimagebench.load_validation(
             train_split_name(synthetic.spec.name), data_dir, settings.dpimagebench)

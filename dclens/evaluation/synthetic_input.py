@@ -229,5 +229,7 @@ def run_dir_config(path: str | os.PathLike) -> dict | None:
     if isinstance(config, dict) and "train" not in config and "dataset" in config:
         # Runs of the other methods (GS-WGAN, ...) keep the data settings at the top.
         config = {**config, "train": {"dataset": config["dataset"],
-                                      "data_dir": config.get("data_dir")}}
+                                      "data_dir": config.get("data_dir"),
+                                      "training_records": config.get("training_records",
+                                                                     "all")}}
     return config
