@@ -83,6 +83,10 @@ def test_the_resnet_has_dpimagebenchs_shape_and_independent_initializers():
     assert shapes["layer2_0_conv1"] == shapes["layer2_0_down"] == (14, 14)
     assert shapes["layer3_0_conv1"] == (7, 7)
     assert model.output.shape[1:] == (10,)
+    macs = (28 * 28 * 9 * 16 + 6 * 28 * 28 * 9 * 16 * 16
+            + 14 * 14 * 9 * 16 * 32 + 5 * 14 * 14 * 9 * 32 * 32 + 14 * 14 * 16 * 32
+            + 7 * 7 * 9 * 32 * 64 + 5 * 7 * 7 * 9 * 64 * 64 + 7 * 7 * 32 * 64 + 64 * 10)
+    assert dpimagebench.forward_gflop(model) == pytest.approx(2 * macs / 1e9, rel=1e-12)
     # He-normal over fan-out: sd sqrt(2 / (9 * 64)) for a 64-filter 3x3 kernel (9 * 64 * 64
     # draws: the sample sd is within 3% of it).
     kernel = model.get_layer("layer3_1_conv1").kernel.numpy()

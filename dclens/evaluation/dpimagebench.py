@@ -23,7 +23,9 @@ DPImageBench's synthesizers never read theirs.  A run trained on any of them is 
 its validation accuracy would be measured on its own training data.  Differences, stated
 in every record: the synthesizer trained on 50,000 records, not 55,000; the validation
 records are an index range, not ``torch.random_split``'s; Keras' Adam adds its epsilon to
-the uncorrected second moment; initial weights and shuffles come from dclens' seeds.
+the uncorrected second moment and Keras' batch normalisation keeps the biased batch
+variance in its moving average (torch the unbiased); initial weights and shuffles come
+from dclens' seeds.
 
 The selection reads the validation records without noise (as DPImageBench's reported
 numbers do; its code also computes a Laplace-noised selection that it logs but does not
@@ -214,6 +216,19 @@ def build_resnet(image_shape: tuple[int, int, int], num_classes: int, *, depth: 
     return keras.Model(image, logits, name=f"resnet{depth}")
 
 
+def forward_gflop(model) -> float:
+    """GFLOP of one image's forward pass through ``model``'s convolutions and dense
+    layers (2 x multiply-adds), for the cost estimate logged before training."""
+    total = 0
+    for layer in model.layers:
+        if layer.__class__.__name__ == "Conv2D":
+            height, width = layer.output.shape[1:3]
+            total += height * width * int(np.prod(layer.kernel.shape))
+        elif layer.__class__.__name__ == "Dense":
+            total += int(np.prod(layer.kernel.shape))
+    return 2 * total / 1e9
+
+
 def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
     return f"resnet{protocol.resnet_depth}" if classifier == "resnet" else classifier
 
@@ -330,6 +345,14 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
     trainer = _Trainer(model, protocol)
     rng = np.random.default_rng(shuffle_seed)
     name = classifier_name(protocol, classifier)
+    if log is not None:
+        flop = forward_gflop(model)
+        work = flop * protocol.epochs * (3 * len(images) + len(monitored[0][0])
+                                         + len(monitored[1][0])) / 1e3
+        log(f"dpimagebench {name}: {flop * 1e3:.0f} MFLOP per image forward, about "
+            f"{work:,.0f} TFLOP for {protocol.epochs} epochs (training counted as 3 "
+            "forward passes): at 50 GFLOP/s, a 2-core CPU's, about "
+            f"{work * 1e3 / 50 / 3600:.1f} h; resumable after every epoch")
     state = epoch_state.EpochState(state_path, {
         "settings": protocol.to_dict(), "classifier": name, "seed": seed,
         "samples": epoch_state.samples_fingerprint(images, labels),
