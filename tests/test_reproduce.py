@@ -227,6 +227,16 @@ def test_levers_beyond_the_paper_are_named_deviations():
     for bad in (1.0, -0.5, True, "0.9"):
         with pytest.raises(paper_rows.ReproduceError, match="generator_ema must be a decay"):
             paper_rows.ReproduceOptions(generator_ema=bad)
+    rate = paper_rows.ReproduceOptions("fashion_mnist", 1, learning_rate=5e-4)
+    assert rate.default_name() == "fashion_mnist-eps1-lr0.0005"
+    config, deviations = paper_rows.build_config(rate)
+    assert config.train.learning_rate == 5e-4 and "learning rate 0.0005" in deviations[0]
+    assert config.budget == cfg.paper_preset("fashion_mnist", 1).budget   # same accounting
+    assert paper_rows.ReproduceOptions("fashion_mnist", 1,
+                                       learning_rate=1e-3).default_name() == "fashion_mnist-eps1"
+    for bad in (0.0, -1e-3, float("nan"), True):
+        with pytest.raises(paper_rows.ReproduceError, match="learning_rate must be"):
+            paper_rows.ReproduceOptions(learning_rate=bad)
 
 
 def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         "epsilon) [default: the paper's classic]")
     add("--generator_ema", type=float, metavar="DECAY", help="beyond the paper: sample a "
         "moving average of the generator's weights (post-processing)")
+    add("--train_learning_rate", type=float, metavar="LR", help="beyond the paper: the "
+        "Adam learning rate of teachers and generator and the voted update's step "
+        "[default: the paper's 1e-3]")
     add("--training_records", choices=[r.value for r in splits.TrainingRecords],
         help="beyond the paper: private trains on all but the last 10,000 records (the "
              "tuning split a tuned configuration was chosen on); tuning is a screening "
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             aggregation=args.aggregation, thresh=args.thresh, topk=args.topk,
             balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
             sigma_scale=args.sigma_scale, conversion=args.conversion,
-            generator_ema=args.generator_ema, training_records=args.training_records)
+            generator_ema=args.generator_ema, training_records=args.training_records,
+            learning_rate=args.train_learning_rate)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

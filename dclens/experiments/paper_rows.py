@@ -77,6 +77,9 @@ class ReproduceOptions:
       conversion, generator_ema: levers beyond the paper (listed as deviations): ``pld``
         accounts exactly instead of by the classic RDP conversion, so the same budget
         allows more steps; ``generator_ema`` samples a moving average of the generator.
+      learning_rate: beyond the paper (issue 39's lever 4): the Adam learning rate of the
+        teachers and the generator, which is also the step of the voted update (the
+        paper's 1e-3); data-independent, so the accounting is unchanged.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -107,6 +110,7 @@ class ReproduceOptions:
     generator_ema: float | None = None
     training_records: str | None = None
     repeat: int | None = None
+    learning_rate: float | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -153,6 +157,12 @@ class ReproduceOptions:
                 or not 0 <= self.generator_ema < 1):
             raise ReproduceError(f"generator_ema must be a decay in [0, 1), got "
                                  f"{self.generator_ema!r}")
+        if self.learning_rate is not None and (
+                isinstance(self.learning_rate, bool)
+                or not isinstance(self.learning_rate, (int, float))
+                or not math.isfinite(self.learning_rate) or self.learning_rate <= 0):
+            raise ReproduceError(f"learning_rate must be a finite number > 0, got "
+                                 f"{self.learning_rate!r}")
         if self.training_records is not None and self.training_records not in {
                 r.value for r in splits.TrainingRecords}:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
@@ -223,6 +233,9 @@ class ReproduceOptions:
             name += f"-{self.conversion}"
         if self.generator_ema:
             name += f"-ema{self.generator_ema:g}"
+        paper_rate = cfg.paper_preset(self.dataset, self.eps).train.learning_rate
+        if self.learning_rate is not None and self.learning_rate != paper_rate:
+            name += f"-lr{self.learning_rate:g}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -353,6 +366,12 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: samples from a moving average of the "
                           f"generator's weights, decay {options.generator_ema:g} "
                           f"(post-processing)")
+    if (options.learning_rate is not None
+            and options.learning_rate != paper.train.learning_rate):
+        train["learning_rate"] = float(options.learning_rate)
+        deviations.append(f"beyond the paper: learning rate {options.learning_rate:g} "
+                          f"(teachers, generator and the voted update's step) instead of "
+                          f"{paper.train.learning_rate:g}")
     if options.records is not splits.TrainingRecords.ALL:
         train["training_records"] = options.records
         deviations.append("beyond the paper: trained on " + splits.describe(

@@ -91,6 +91,10 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              generator_ema=0.97),
         _row("top-k = 300 (k of the trade-off at equal epsilon)", {}, topk=300),
         _row("beta = 0.5 (a lower vote threshold)", {}, thresh=0.5),
+        _row("learning rate 5e-4 (teachers, generator, voted step)", {},
+             learning_rate=5e-4),
+        _row("learning rate 2e-3 (teachers, generator, voted step)", {},
+             learning_rate=2e-3),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
