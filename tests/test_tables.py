@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -282,3 +283,25 @@ def test_a_repeated_row_shows_the_mean_and_sd_of_its_runs():
     with pytest.raises(SystemExit):
         cli.main(["fashion_mnist", "--table", "levers", "--teachers", "200",
                   "--training_records", "tuning", "--repeats", "0", "--dry_run"])
+
+
+def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_path):
+    """The committed levers screen has two runs of its first two rows; regenerating the
+    table with the default --repeats 1 (as a later --row call does) must still show both."""
+    import shutil
+
+    source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
+              / "levers-fashion_mnist-t200")
+    out = tmp_path / "levers"
+    shutil.copytree(source, out)
+    base = tables.matched_noise(paper_rows.ReproduceOptions(
+        "fashion_mnist", 1, teachers=200, max_records=3000, num_samples=20000,
+        training_records="tuning"))
+    summary = tables.run_table("levers", base, out_dir=str(out), train=False,
+                               log=lambda _: None)
+    first = summary["rows"][0]
+    assert first["runs"] == 2 and first["val_sd"] is not None
+    reports = [json.loads((out / name / "report.json").read_text())
+               for name in (first["name"], first["name"] + "-rep2")]
+    assert first["val"] == pytest.approx(np.mean([r["accuracy"]["val"] for r in reports]))
+    assert "(2 runs)" in (out / "table.md").read_text()

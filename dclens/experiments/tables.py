@@ -308,9 +308,31 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
                 entries[index] = _row_entry(row, row_options(base, row), base.dataset,
                                             reports)
                 _write_table(out_dir, summary, render(summary))
+        # Repeats beyond ``repeats`` that a former call finished stay in the row: a table
+        # regenerated without --repeats never drops a finished run from a mean.
+        more = _finished_repeats(row_options(base, row), repeats + 1, out_dir, log)
+        if reports and more:
+            entries[index] = _row_entry(row, row_options(base, row), base.dataset,
+                                        reports + more)
     _write_table(out_dir, summary, render(summary))
     log(f"table: {os.path.join(out_dir, 'table.md')}")
     return summary
+
+
+def _finished_repeats(options: paper_rows.ReproduceOptions, first: int, out_dir: str,
+                      log: Callable[[str], None]) -> list[dict]:
+    """The reports of repeats ``first``, ``first + 1``, ... of ``options`` finished in
+    ``out_dir``, up to the first missing one."""
+    reports = []
+    repeat = max(first, 2)
+    while True:
+        run = dataclasses.replace(options, repeat=repeat)
+        path = os.path.join(out_dir, run.default_name(), "report.json")
+        if not os.path.exists(path):
+            return reports
+        log(f"reading the finished repeat {path}")
+        reports.append(_read_report(path, run))
+        repeat += 1
 
 
 def _row_run(row: Row, options: paper_rows.ReproduceOptions, out_dir: str, run_root: str,
