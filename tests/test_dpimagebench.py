@@ -172,7 +172,7 @@ def _run_epochs(synthetic, validation, test, state, stop_after):
     losses = []
 
     def log(line):
-        if "epoch" in line and "resumed" not in line:
+        if " loss " in line:                          # one line per finished epoch
             losses.append(float(line.split(" loss ")[1].split()[0]))
             if len(losses) == stop_after:
                 raise Killed

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from dclens.data.splits import TrainingRecords
+
 SEED_HELP = "fix every random draw, DP noise included (NOT for publication)"
 
 
@@ -52,8 +54,6 @@ TRAINING_RECORDS_HELP = (
 
 def add_training_records(parser: argparse.ArgumentParser, *, default: str | None) -> None:
     """``--training_records`` (:mod:`dclens.data.splits`)."""
-    from dclens.data.splits import TrainingRecords
-
     parser.add_argument("--training_records", choices=[r.value for r in TrainingRecords],
                         default=default, help=TRAINING_RECORDS_HELP)
 
