@@ -56,7 +56,7 @@ def _gswgan(data_dir, out, records):
                       "--training_records", records, "--num_discriminators", "4",
                       "--model_dim", "2", "--batch_size", "6", "--critic_iters", "1",
                       "--warm_iterations", "0", "--iterations", "3", "--num_samples", "10",
-                      "--seed", "1", "--target_eps", "50", "--quiet"]) == 0
+                      "--seed", "1", "--sigma", "1.0", "--quiet"]) == 0
 
 
 def _dpsgd(data_dir, out, records):
