@@ -197,12 +197,7 @@ class _Trainer:
         """:func:`classifiers.accuracy` of the model (inference mode), in one compiled
         function instead of eager calls: the same forward pass, about half the time of the
         eager one, which ran after every one of the 600 epochs."""
-        if len(labels) == 0:
-            return float("nan")
-        predicted = np.concatenate([
-            self._predict(images[start:start + batch_size]).numpy().argmax(axis=1)
-            for start in range(0, len(images), batch_size)])
-        return float(np.mean(predicted == labels))
+        return epoch_state.accuracy(self._predict, images, labels, batch_size)
 
     def epoch(self, images, one_hot, batches: list["_Batch"]) -> np.ndarray:
         """Runs ``batches`` (in order) in one graph; returns their losses."""
@@ -305,13 +300,9 @@ def _resume(state: epoch_state.EpochState, trainer: "_Trainer", rng: np.random.G
             state_path, log: Callable[[str], None] | None) -> dict:
     """The curves so far: the saved state's (its weights and batch order restored into
     ``trainer`` and ``rng``), or empty ones."""
-    resumed = state.load()
-    if resumed is None:
+    meta = state.resume(trainer.variables, rng)
+    if meta is None:
         return {"epoch": [], "test_accuracy": [], "loss": [], "seconds": []}
-    meta, weights = resumed
-    for variable, value in zip(trainer.variables, weights):
-        variable.assign(value)
-    rng.bit_generator.state = meta["rng"]
     if log is not None:
         log(f"authors protocol: resumed after epoch {meta['epoch']} from {state_path}")
     return meta["curves"]

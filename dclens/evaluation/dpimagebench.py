@@ -249,7 +249,7 @@ class _Trainer:
         self.average = [tf.Variable(v, trainable=False) for v in self.trainable]
         self.updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._step = tf.function(self._step_impl, reduce_retracing=True)
-        self._predict = tf.function(lambda x: tf.argmax(model(x, training=False), axis=1),
+        self._predict = tf.function(lambda x: model(x, training=False),
                                     reduce_retracing=True)
 
     @property
@@ -288,12 +288,8 @@ class _Trainer:
         for variable, average in zip(self.trainable, self.average):
             variable.assign(average)
         try:
-            out = []
-            for images, labels in sets:
-                predicted = np.concatenate([self._predict(images[s:s + 1000]).numpy()
-                                            for s in range(0, len(images), 1000)])
-                out.append(float(np.mean(predicted == labels)))
-            return out
+            return [epoch_state.accuracy(self._predict, images, labels)
+                    for images, labels in sets]
         finally:
             for variable, value in zip(self.trainable, current):
                 variable.assign(value)
@@ -360,12 +356,8 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
         "test": epoch_state.samples_fingerprint(test.images, test.labels)},
         "a DPImageBench-protocol run")
     curves = {"epoch": [], "val_accuracy": [], "test_accuracy": [], "loss": [], "seconds": []}
-    resumed = state.load()
-    if resumed is not None:
-        meta, arrays = resumed
-        for variable, value in zip(trainer.state, arrays):
-            variable.assign(value)
-        rng.bit_generator.state = meta["rng"]
+    meta = state.resume(trainer.state, rng)
+    if meta is not None:
         curves = meta["curves"]
         if log is not None:
             log(f"dpimagebench {name}: resumed after epoch {meta['epoch']}")

@@ -44,6 +44,19 @@ class EpochState:
             arrays = [saved[f"w{i}"] for i in range(meta["variables"])]
         return meta, arrays
 
+    def resume(self, variables, rng: np.random.Generator) -> dict | None:
+        """Restores the saved epoch into ``variables`` (assignable, in the order they were
+        saved) and ``rng``; returns its meta (``epoch``, ``curves``), or None when there
+        is nothing saved."""
+        loaded = self.load()
+        if loaded is None:
+            return None
+        meta, arrays = loaded
+        for variable, value in zip(variables, arrays):
+            variable.assign(value)
+        rng.bit_generator.state = meta["rng"]
+        return meta
+
     def save(self, epoch: int, rng: np.random.Generator, curves: dict, arrays) -> None:
         """The state after ``epoch``: ``arrays`` (numpy), the generator, the curves."""
         if self.path is None:
@@ -53,6 +66,18 @@ class EpochState:
         named = {f"w{i}": a for i, a in enumerate(arrays)}
         export.atomic_write(self.path, lambda s: np.savez(s, meta=np.array(json.dumps(meta)),
                                                           **named))
+
+
+def accuracy(predict, images: np.ndarray, labels: np.ndarray,
+             batch_size: int = 1000) -> float:
+    """Share of ``images`` whose arg-max of ``predict(batch)`` (scores [n, classes]) equals
+    ``labels``, in batches of ``batch_size``; nan for none."""
+    if len(labels) == 0:
+        return float("nan")
+    predicted = np.concatenate([
+        np.asarray(predict(images[start:start + batch_size])).argmax(axis=1)
+        for start in range(0, len(images), batch_size)])
+    return float(np.mean(predicted == labels))
 
 
 def samples_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
