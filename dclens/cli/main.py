@@ -129,6 +129,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "aggregation": "topagg.method", "sketch_accounting": "topagg.sketch_accounting",
                "signsgd_dept": "train.data_dependent_analysis",
                "generator_ema": "train.generator_ema",
+               "class_guidance": "train.class_guidance",
                "training_records": "train.training_records"}
 
 
@@ -273,6 +274,9 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--generator_ema", type=float, metavar="DECAY",
         help="sample from an exponential moving average of the generator's weights with "
              "this decay (post-processing, no privacy cost; 0: off)")
+    add("--class_guidance", type=float, metavar="LAMBDA",
+        help="beyond the paper: each teacher's vote also descends LAMBDA times its own "
+             "label cross-entropy (the same sensitivity; 0: off, the paper's)")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--train_learning_rate", type=float, metavar="LR", help="beyond the paper: the "
         "Adam learning rate of teachers and generator and the voted update's step "
         "[default: the paper's 1e-3]")
+    add("--class_guidance", type=float, metavar="LAMBDA", help="beyond the paper: each "
+        "teacher's vote also descends lambda times its own label cross-entropy (its "
+        "logits over the labels of one image read as a classifier) [default: 0, the "
+        "paper's]")
     add("--training_records", choices=[r.value for r in splits.TrainingRecords],
         help="beyond the paper: private trains on all but the last 10,000 records (the "
              "tuning split a tuned configuration was chosen on); tuning is a screening "
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
             sigma_scale=args.sigma_scale, conversion=args.conversion,
             generator_ema=args.generator_ema, training_records=args.training_records,
-            learning_rate=args.train_learning_rate)
+            learning_rate=args.train_learning_rate, class_guidance=args.class_guidance)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -80,7 +80,8 @@ def build_ensemble(config: DataLensConfig, shape: networks.ImageShape, ensemble:
     train_cfg = config.train
     options = {"conv_path": train_cfg.conv_path} if ensemble == "fast" else {}
     return ENSEMBLES[ensemble](shape, learning_rate=train_cfg.learning_rate,
-                               beta1=train_cfg.beta1, **options)
+                               beta1=train_cfg.beta1, class_guidance=train_cfg.class_guidance,
+                               **options)
 
 
 def build_topagg(config: DataLensConfig, shape: networks.ImageShape) -> topagg.TopAgg:

@@ -302,6 +302,12 @@ class TrainConfig:
         (1 - d) w, starting from the initial weights); the samples and the published
         ``generator.keras`` then come from the average.  Post-processing of the released
         updates: the ledger is unchanged.  0 (the default, the authors' way): no average.
+      class_guidance: lambda >= 0 (beyond the paper): each teacher's submitted image
+        gradient also descends lambda times its own label cross-entropy, the teacher's
+        logits over the K labels of the same image read as a classifier
+        (:func:`dclens.datalens.teachers.class_guidance_loss`); K forward passes per query.
+        Still a function of that teacher's partition and the public fake batch, so the
+        vote's sensitivity and the ledger are unchanged.  0 (the default): the paper's.
       data_dependent_analysis: also compute the authors' data-dependent RDP bound of every
         call (paper Fig. 2, :mod:`dclens.privacy.data_dependent`) and record its epsilon beside
         the ledger's; an analysis only, **never spent** (the authors' ``--signsgd_dept``).
@@ -331,6 +337,7 @@ class TrainConfig:
     save_votes: SaveVotes = SaveVotes.NONE
     generator_ema: float = 0.0
     training_records: TrainingRecords = TrainingRecords.ALL
+    class_guidance: float = 0.0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.training_records, TrainingRecords),
@@ -339,6 +346,9 @@ class TrainConfig:
         _require(is_finite_number(self.generator_ema) and 0 <= self.generator_ema < 1,
                  f"generator_ema must be a decay in [0, 1) (0: no average; e.g. 0.9 over "
                  f"~100 student updates), got {self.generator_ema!r}")
+        _require(is_finite_number(self.class_guidance) and self.class_guidance >= 0,
+                 f"class_guidance must be a finite number >= 0 (0: the paper's teachers; "
+                 f"e.g. 1.0), got {self.class_guidance!r}")
         _require(isinstance(self.dataset, str) and self.dataset != "",
                  f"dataset must be a non-empty name, got {self.dataset!r}")
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",

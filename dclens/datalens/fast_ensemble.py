@@ -39,7 +39,9 @@ import tensorflow as tf
 
 from dclens.datalens import networks, teacher_conv, teacher_op
 from dclens.datalens.config import ConvPath
-from dclens.datalens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
+from dclens.datalens.teachers import (ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState,
+                                      check_class_guidance, class_guidance_loss,
+                                      shifted_labels)
 
 KERNEL = teacher_conv.KERNEL
 TAPS = KERNEL * KERNEL
@@ -137,11 +139,14 @@ class FastTeacherEnsemble:
       learning_rate, beta1: the teachers' Adam hyper-parameters (paper: 1e-3, 0.5).
       conv_path: how the convolutions run (:mod:`dclens.datalens.teacher_conv`): ``"auto"`` (the
         fastest path that works on this CPU), ``"grouped"`` or ``"per_teacher"``.
+      class_guidance: as the reference's (its image gradients then run on the TF graph
+        path even where the fused op trains the teachers: the op has no class term).
     """
 
     def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
-                 conv_path: str | ConvPath = "auto"):
+                 conv_path: str | ConvPath = "auto", class_guidance: float = 0.0):
         self.shape = shape
+        self.class_guidance = check_class_guidance(class_guidance)
         self.conv_path = teacher_conv.resolve_conv_path(conv_path)
         # The TF-graph pieces (logits; the formula path of mixed step counts) of the fused
         # path run on the per-teacher convolutions.
@@ -338,6 +343,12 @@ class FastTeacherEnsemble:
             tape.watch(tiled)
             logits = self.grouped_logits(weights, tiled, labels, groups=1)
             generator_loss = tf.reduce_sum(tf.reduce_mean(tf.nn.softplus(-logits), axis=1))
+            if self.class_guidance:
+                shifted = [logits] + [
+                    self.grouped_logits(weights, tiled, shifted_labels(labels, c), groups=1)
+                    for c in range(1, self.shape.num_classes)]
+                generator_loss += self.class_guidance * tf.reduce_sum(
+                    class_guidance_loss(tf.stack(shifted, axis=-1)))
         grads = tf.reshape(-tape.gradient(generator_loss, tiled),
                            tf.stack([shape[0], shape[1], shape[2], t, shape[3]]))
         return tf.transpose(grads, [3, 0, 1, 2, 4])
@@ -345,7 +356,7 @@ class FastTeacherEnsemble:
     def image_gradients(self, weights: tf.Tensor, images: tf.Tensor,
                         labels: tf.Tensor) -> tf.Tensor:
         """Every teacher's descent direction [T, B, H, W, C], as the reference's."""
-        if self.conv_path is ConvPath.FUSED:
+        if self.conv_path is ConvPath.FUSED and not self.class_guidance:
             if isinstance(weights, np.ndarray) and teacher_op.capi_available():
                 # numpy weights (a bank's rows): no copy into a tensor
                 return tf.convert_to_tensor(teacher_op.image_gradients_numpy(

@@ -27,6 +27,15 @@ ADAM_BETA2 = 0.999
 ADAM_EPSILON = 1e-8   # TF1's default, as in the authors' code
 
 
+def check_class_guidance(value: float) -> float:
+    """``value`` as a float if it is a finite number >= 0, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"class_guidance must be a finite number >= 0 (0: the paper's "
+                         f"teachers; e.g. 1.0), got {value!r}")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class ParamLayout:
     """Where each named weight of one teacher sits in its flat parameter vector."""
@@ -127,6 +136,27 @@ def _leaky_relu(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.leaky_relu(x, alpha=networks.LEAKY_SLOPE)
 
 
+def class_guidance_loss(shifted_logits: tf.Tensor) -> tf.Tensor:
+    """The teachers' class term, per teacher [T], from logits [T, B, K] of D(x_b, (y_b + c)
+    mod K) for every shift c (c = 0: the image's own label y_b).
+
+    A teacher's logits over the K labels of the same image, softmax-normalised, are a
+    classifier: p_i(c | x) = exp D_i(x, c) / sum_c' exp D_i(x, c').  The term is its mean
+    cross-entropy at the generator's label, mean_b [logsumexp_c D_i(x_b, c) - D_i(x_b, y_b)]:
+    descending it moves the image towards what teacher i scores higher *with its label than
+    with any other*, the class evidence the realism term -log D_i(x_b, y_b) barely carries
+    (:class:`TeacherEnsemble`, ``class_guidance``).
+    """
+    return tf.reduce_mean(tf.reduce_logsumexp(shifted_logits, axis=-1)
+                          - shifted_logits[..., 0], axis=1)
+
+
+def shifted_labels(labels: tf.Tensor, shift: int) -> tf.Tensor:
+    """One-hot labels [..., K] of (y + shift) mod K: the same batch's label histogram
+    moved round the classes, so each shift's batch-norm statistics see as many labels."""
+    return tf.roll(labels, shift=shift, axis=-1)
+
+
 class TeacherEnsemble:
     """The teacher discriminator for a chunk of teachers at once (leading teacher axis).
 
@@ -136,13 +166,17 @@ class TeacherEnsemble:
     Args:
       shape: image shape and number of classes.
       learning_rate, beta1: the teachers' Adam hyper-parameters (paper: 1e-3, 0.5).
+      class_guidance: lambda >= 0, the weight of :func:`class_guidance_loss` in the loss
+        whose image gradient each teacher submits (0, the paper's: none; beyond the paper).
     """
 
-    def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float):
+    def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
+                 class_guidance: float = 0.0):
         self.shape = shape
         self.layout = ParamLayout.for_shape(shape)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
+        self.class_guidance = check_class_guidance(class_guidance)
         self._train = tf.function(self._train_steps, reduce_retracing=True)
         self._image_gradients = tf.function(self._image_gradients_impl, reduce_retracing=True)
 
@@ -228,6 +262,12 @@ class TeacherEnsemble:
             tape.watch(tiled)
             logits = self.logits(weights, tiled, tiled_labels)
             generator_loss = tf.reduce_sum(tf.reduce_mean(tf.nn.softplus(-logits), axis=1))
+            if self.class_guidance:
+                shifted = [logits] + [
+                    self.logits(weights, tiled, shifted_labels(tiled_labels, c))
+                    for c in range(1, self.shape.num_classes)]
+                generator_loss += self.class_guidance * tf.reduce_sum(
+                    class_guidance_loss(tf.stack(shifted, axis=-1)))
         return -tape.gradient(generator_loss, tiled)
 
     def image_gradients(self, weights: tf.Tensor, images: tf.Tensor,
@@ -237,6 +277,9 @@ class TeacherEnsemble:
         g_i = -d/dx mean_b(-log D_i(x_b)), i.e. minus the gradient of the generator loss
         (BCE of D(x) against "real", averaged over the batch, as the authors do) with
         respect to each image, for the same fake batch ``images`` [B, H, W, C] with one-hot
-        ``labels`` [B, K] shown to every teacher of the chunk.
+        ``labels`` [B, K] shown to every teacher of the chunk.  With ``class_guidance``
+        lambda > 0 the loss gains lambda * :func:`class_guidance_loss` (K forward passes,
+        one per label shift).  Either way g_i is a function of teacher i's weights and
+        the public fake batch only: TopAgg's bound on each teacher's vote holds as is.
         """
         return self._image_gradients(weights, images, labels)

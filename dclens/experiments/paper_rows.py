@@ -80,6 +80,9 @@ class ReproduceOptions:
       learning_rate: beyond the paper (issue 39's lever 4): the Adam learning rate of the
         teachers and the generator, which is also the step of the voted update (the
         paper's 1e-3); data-independent, so the accounting is unchanged.
+      class_guidance: beyond the paper (issue 39's lever 5): lambda of the teachers' class
+        term (:attr:`dclens.datalens.config.TrainConfig.class_guidance`); each teacher's
+        vote is still a function of its own partition, so the accounting is unchanged.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -111,6 +114,7 @@ class ReproduceOptions:
     training_records: str | None = None
     repeat: int | None = None
     learning_rate: float | None = None
+    class_guidance: float | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -163,6 +167,12 @@ class ReproduceOptions:
                 or not math.isfinite(self.learning_rate) or self.learning_rate <= 0):
             raise ReproduceError(f"learning_rate must be a finite number > 0, got "
                                  f"{self.learning_rate!r}")
+        if self.class_guidance is not None and (
+                isinstance(self.class_guidance, bool)
+                or not isinstance(self.class_guidance, (int, float))
+                or not math.isfinite(self.class_guidance) or self.class_guidance < 0):
+            raise ReproduceError(f"class_guidance must be a finite number >= 0, got "
+                                 f"{self.class_guidance!r}")
         if self.training_records is not None and self.training_records not in {
                 r.value for r in splits.TrainingRecords}:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
@@ -236,6 +246,8 @@ class ReproduceOptions:
         paper_rate = cfg.paper_preset(self.dataset, self.eps).train.learning_rate
         if self.learning_rate is not None and self.learning_rate != paper_rate:
             name += f"-lr{self.learning_rate:g}"
+        if self.class_guidance:
+            name += f"-cg{self.class_guidance:g}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -372,6 +384,11 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: learning rate {options.learning_rate:g} "
                           f"(teachers, generator and the voted update's step) instead of "
                           f"{paper.train.learning_rate:g}")
+    if options.class_guidance:
+        train["class_guidance"] = float(options.class_guidance)
+        deviations.append(f"beyond the paper: class guidance {options.class_guidance:g} "
+                          f"(each teacher's vote also descends its own label "
+                          f"cross-entropy; the same sensitivity)")
     if options.records is not splits.TrainingRecords.ALL:
         train["training_records"] = options.records
         deviations.append("beyond the paper: trained on " + splits.describe(

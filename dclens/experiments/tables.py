@@ -95,6 +95,8 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              learning_rate=5e-4),
         _row("learning rate 2e-3 (teachers, generator, voted step)", {},
              learning_rate=2e-3),
+        _row("class guidance 1 (each teacher's vote also descends its label "
+             "cross-entropy)", {}, class_guidance=1.0),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch

@@ -1,0 +1,179 @@
+"""Class guidance (``TrainConfig.class_guidance``, issue 39's lever 5): each teacher's
+submitted image gradient also descends lambda times its own label cross-entropy.
+
+* exactly (no noise): the ensemble's gradient equals a slow per-teacher, per-label loop;
+  the fast ensemble equals the reference; lambda = 0 is the paper's gradient bit for bit;
+* the sign is right: a small step along a teacher's class term lowers that teacher's
+  label cross-entropy;
+* privacy: one teacher's records swapped adversarially (other images, other labels) after
+  a training step change that teacher's weights and guided gradient and nothing else, and
+  the vote sum moves by at most TopAgg's charged sensitivity 2 sqrt(k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import synthetic_fashion_mnist
+from dclens.datalens import networks, teachers
+from dclens.datalens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
+from dclens.datalens.fast_ensemble import FastTeacherEnsemble
+from dclens.datalens.train import DataLens, TeacherPlacement
+
+SHAPE = networks.ImageShape(28, 28, 1, 10)
+T, B = 3, 5
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    layout = teachers.ParamLayout.for_shape(SHAPE)
+    weights = teachers.initial_teacher_weights(layout, T, rng)
+    # trained teachers are not at their initialisation: spread the weights a little
+    weights = np.asarray(weights) * (1 + 0.5 * rng.standard_normal(np.shape(weights)))
+    images = rng.uniform(size=(B, 28, 28, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, B)
+    return (tf.constant(weights, tf.float32), tf.constant(images),
+            tf.one_hot(labels, 10), labels)
+
+
+def _slow_gradients(ensemble: teachers.TeacherEnsemble, weights, images, labels: np.ndarray,
+                    lam: float) -> np.ndarray:
+    """Teacher by teacher, label by label: -d/dx [mean_b softplus(-D(x_b, y_b))
+    + lam * mean_b (log sum_c exp D(x_b, y_b + c) - D(x_b, y_b))], the shifted labels
+    built from the integers (not by the implementation's roll)."""
+    out = []
+    for t in range(T):
+        x = tf.Variable(images[None])
+        with tf.GradientTape() as tape:
+            per_shift = []
+            for c in range(10):
+                one_hot = tf.one_hot((labels + c) % 10, 10)[None]
+                per_shift.append(ensemble.logits(weights[t:t + 1], x, one_hot)[0])
+            logits = tf.stack(per_shift, axis=-1)                       # [B, K]
+            realism = tf.reduce_mean(tf.nn.softplus(-logits[:, 0]))
+            ce = tf.reduce_mean(tf.math.log(tf.reduce_sum(tf.exp(logits), axis=-1))
+                                - logits[:, 0])
+            loss = realism + lam * ce
+        out.append(-tape.gradient(loss, x)[0].numpy())
+    return np.stack(out)
+
+
+def test_the_guided_gradient_equals_a_per_teacher_per_label_loop():
+    weights, images, one_hot, labels = _inputs()
+    lam = 0.7
+    ensemble = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                        class_guidance=lam)
+    got = ensemble.image_gradients(weights, images, one_hot).numpy()
+    want = _slow_gradients(ensemble, weights, images, labels, lam)
+    scale = np.abs(want).max()
+    assert scale > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+    # and the class term is not negligible here (else the check above is empty)
+    plain = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
+    difference = np.abs(got - plain.image_gradients(weights, images, one_hot).numpy()).max()
+    assert difference > 0.05 * scale
+
+
+@pytest.mark.parametrize("conv_path", ["auto", "grouped"])
+def test_the_fast_ensemble_equals_the_reference_with_guidance(conv_path):
+    weights, images, one_hot, _ = _inputs(1)
+    reference = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                         class_guidance=2.0)
+    fast = FastTeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5, conv_path=conv_path,
+                               class_guidance=2.0)
+    want = reference.image_gradients(weights, images, one_hot).numpy()
+    got = fast.image_gradients(weights, images, one_hot).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_zero_guidance_is_the_papers_gradient_bit_for_bit():
+    weights, images, one_hot, _ = _inputs(2)
+    for make in (lambda **kw: teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                                       **kw),
+                 lambda **kw: FastTeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                                  **kw)):
+        paper = make().image_gradients(weights, images, one_hot).numpy()
+        zero = make(class_guidance=0.0).image_gradients(weights, images, one_hot).numpy()
+        np.testing.assert_array_equal(paper, zero)
+
+
+def test_a_step_along_the_class_term_lowers_each_teachers_label_cross_entropy():
+    weights, images, one_hot, _ = _inputs(3)
+    ensemble = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
+
+    def cross_entropy(x):                                              # [T]
+        tiled = tf.tile(x[None], [T, 1, 1, 1, 1])
+        labels = tf.tile(one_hot[None], [T, 1, 1])
+        shifted = [ensemble.logits(weights, tiled, teachers.shifted_labels(labels, c))
+                   for c in range(10)]
+        return teachers.class_guidance_loss(tf.stack(shifted, axis=-1)).numpy()
+
+    # the class term alone: the difference of a guided and an unguided gradient, / lambda
+    guided = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                      class_guidance=1.0)
+    direction = (guided.image_gradients(weights, images, one_hot)
+                 - ensemble.image_gradients(weights, images, one_hot)).numpy()
+    before = cross_entropy(images)
+    for t in range(T):
+        step = 1e-2 / max(np.abs(direction[t]).max(), 1e-12)
+        after = cross_entropy(images + step * direction[t])
+        assert after[t] < before[t], (t, before[t], after[t])
+
+
+def test_bad_guidance_is_refused_by_name():
+    for bad in (-1.0, math.nan, math.inf, True, "1"):
+        with pytest.raises(ValueError, match="class_guidance must be a finite number >= 0"):
+            TrainConfig(class_guidance=bad)
+        with pytest.raises(ValueError, match="class_guidance must be a finite number >= 0"):
+            teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                     class_guidance=bad)
+    config = DataLensConfig(train=TrainConfig(class_guidance=0.5))
+    assert DataLensConfig.from_dict(config.to_dict()) == config
+
+
+def test_one_teachers_records_swapped_move_only_its_own_guided_vote():
+    """Neighbouring data sets: every record of teacher 0 replaced (noise images, other
+    labels). After one step of training, teachers 1.. have bit-equal weights and guided
+    gradients; the vote sum moves by at most 2 sqrt(k) per image."""
+    topk = 30
+    config = DataLensConfig(
+        train=TrainConfig(num_teachers=4, batch_size=6, d_step=1, pretrain_teacher=2,
+                          z_dim=8, teacher_chunk=2, class_guidance=1.0),
+        topagg=TopAggConfig(topk=topk, sigma=5.0, thresh=0.2, max_grad=1e-5),
+        budget=BudgetConfig(max_eps=1e6))
+    first = synthetic_fashion_mnist(48)
+    lens = DataLens(config, first, root_seed=4,
+                    placement=TeacherPlacement(ensemble="reference"))
+    rng = np.random.default_rng(9)
+    images, labels = first.images.copy(), first.labels.copy()
+    swapped = lens.partitions[0]
+    images[swapped] = rng.uniform(size=images[swapped].shape).astype(images.dtype)
+    labels[swapped] = (labels[swapped] + 1 + rng.integers(0, 9, len(swapped))) % 10
+    neighbour = dataclasses.replace(first, images=images, labels=labels)
+    other = DataLens(config, neighbour, root_seed=4, partitions=lens.partitions,
+                     placement=TeacherPlacement(ensemble="reference"))
+    lens.train_step()
+    other.train_step()
+    w_a, w_b = np.array(lens.bank.weights), np.array(other.bank.weights)
+    assert np.any(w_a[0] != w_b[0])
+    np.testing.assert_array_equal(w_a[1:], w_b[1:])
+
+    query = tf.constant(rng.uniform(size=(6, 28, 28, 1)).astype(np.float32))
+    query_labels = tf.one_hot(rng.integers(0, 10, 6), 10)
+    g_a = lens.ensemble.image_gradients(tf.constant(w_a), query, query_labels).numpy()
+    g_b = other.ensemble.image_gradients(tf.constant(w_b), query, query_labels).numpy()
+    assert np.any(g_a[0] != g_b[0])
+    np.testing.assert_array_equal(g_a[1:], g_b[1:])
+    uniforms = tf.constant(rng.uniform(size=(4, 6, lens.topagg.uniform_count(784))),
+                           tf.float32)
+    votes_a = lens.topagg.vote_sum(tf.constant(g_a), uniforms=uniforms).numpy()
+    votes_b = lens.topagg.vote_sum(tf.constant(g_b), uniforms=uniforms).numpy()
+    moved = np.sqrt(((votes_a.astype(np.float64) - votes_b) ** 2).sum(axis=-1))
+    assert moved.max() > 0
+    assert moved.max() <= 2 * math.sqrt(topk) + 1e-9
+    assert lens.topagg.sensitivity == 2 * math.sqrt(topk)
