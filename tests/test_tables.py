@@ -105,6 +105,16 @@ def test_a_tiny_table_runs_every_row_and_reads_finished_rows_back(tiny_fmnist_di
     full.write_text(json.dumps(report))
     with pytest.raises(paper_rows.ReproduceError, match="train.balanced_partition: True"):
         tables.run_table("7", base, **kwargs)
+    # A report written before a config field existed (key absent) means its default:
+    # read back; the same field set away from the default is refused.
+    report = json.loads(original)
+    del report["config"]["train"]["class_guidance"]
+    full.write_text(json.dumps(report))
+    assert tables.run_table("7", base, **kwargs)["rows"][0]["val"] == summary["rows"][0]["val"]
+    report["config"]["train"]["class_guidance"] = 1.0
+    full.write_text(json.dumps(report))
+    with pytest.raises(paper_rows.ReproduceError, match="train.class_guidance: 1.0"):
+        tables.run_table("7", base, **kwargs)
 
 
 def test_a_table_runs_only_the_rows_asked_for_and_shares_them_with_other_tables(

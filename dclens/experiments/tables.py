@@ -149,6 +149,15 @@ def matched_noise(base: paper_rows.ReproduceOptions) -> paper_rows.ReproduceOpti
 NOT_ALGORITHM = frozenset({"teacher_chunk", "data_dir", "conv_path"})
 
 
+def _with_defaults(config: dict) -> dict:
+    """A report's config with every field it predates at its default (what resuming that
+    run reads too), so a field added later with the paper's value as default matches."""
+    try:
+        return cfg.DataLensConfig.from_dict(config).to_dict()
+    except (TypeError, ValueError):
+        return config
+
+
 def check_row_report(report: dict, options: paper_rows.ReproduceOptions, path: str) -> None:
     """Refuses a finished row's report whose training config is not the row's.
 
@@ -158,7 +167,7 @@ def check_row_report(report: dict, options: paper_rows.ReproduceOptions, path: s
     would run.
     """
     want = paper_rows.build_config(options)[0].to_dict()
-    have = report.get("config") or {}
+    have = _with_defaults(report.get("config") or {})
     differences = []
     for section in sorted(set(want) | set(have)):
         mine, theirs = want.get(section), have.get(section)
