@@ -1,5 +1,7 @@
 """Class guidance (``TrainConfig.class_guidance``, issue 39's lever 5): each teacher's
-submitted image gradient also descends lambda times its own label cross-entropy.
+submitted image gradient also descends lambda times its own label cross-entropy; and the
+diagnostic that led to it (:mod:`dclens.datalens.class_signal`, the teachers read as
+classifiers).
 
 * exactly (no noise): the ensemble's gradient equals a slow per-teacher, per-label loop;
   the fast ensemble equals the reference; lambda = 0 is the paper's gradient bit for bit;
@@ -13,17 +15,21 @@ submitted image gradient also descends lambda times its own label cross-entropy.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import synthetic_fashion_mnist
-from dclens.datalens import networks, teachers
-from dclens.datalens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
+from conftest import load_script, synthetic_fashion_mnist, write_idx
+from dclens.data import splits
+from dclens.datalens import class_signal, networks, teachers
+from dclens.datalens.config import (BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig,
+                                    TrainingRecords)
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble
 from dclens.datalens.train import DataLens, TeacherPlacement
+from dclens.runs.checkpoint import CheckpointStore
 
 SHAPE = networks.ImageShape(28, 28, 1, 10)
 T, B = 3, 5
@@ -177,3 +183,67 @@ def test_one_teachers_records_swapped_move_only_its_own_guided_vote():
     assert moved.max() > 0
     assert moved.max() <= 2 * math.sqrt(topk) + 1e-9
     assert lens.topagg.sensitivity == 2 * math.sqrt(topk)
+
+
+# ---------------------------------------------------------------- the diagnostic
+def test_class_signal_counts_arg_max_shifts_exactly():
+    # 2 teachers, 4 records, 3 labels; shift 0 is the record's own label
+    logits = np.array([[[3, 1, 0], [0, 2, 1], [5, 4, 4], [1, 1, 2]],
+                       [[0, 1, 0], [0, 1, 2], [1, 0, 0], [9, 0, 0]]], np.float32)
+    signal = class_signal.class_signal(logits)
+    np.testing.assert_array_equal(signal.teacher_accuracy, [0.5, 0.5])
+    # summed: [3,2,0] [0,3,3] [6,4,4] [10,1,2] -> right on records 0, 2, 3
+    assert signal.ensemble_accuracy == 0.75
+    # D(x, y) > D(x, y + c), c = 1, 2: teacher 0: 2+0+2+0, teacher 1: 0+0+2+2 of 16
+    assert signal.pairwise == 8 / 16
+    assert signal.to_dict()["chance"] == pytest.approx(1 / 3)
+
+
+def test_shifted_logits_score_each_batch_under_every_label():
+    weights, images, _, labels = _inputs(4)
+    ensemble = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
+    got = class_signal.shifted_logits(ensemble, weights.numpy(), images.numpy(), labels,
+                                      batch_size=B, teacher_chunk=2)
+    for t in range(T):
+        for c in range(10):
+            one_hot = np.eye(10, dtype=np.float32)[(labels + c) % 10][None]
+            want = ensemble.logits(weights[t:t + 1], images[None], one_hot)[0].numpy()
+            np.testing.assert_allclose(got[t, :, c], want, rtol=1e-5, atol=1e-6)
+
+
+def _class_signal_run(tmp_path, records: str, *, checkpoint: bool):
+    run = tmp_path / f"run-{records}-{checkpoint}"
+    run.mkdir()
+    config = DataLensConfig(train=TrainConfig(num_teachers=T, batch_size=5,
+                                              training_records=TrainingRecords(records),
+                                              data_dir=str(tmp_path / "data")))
+    (run / "config.json").write_text(json.dumps({"config": config.to_dict(),
+                                                 "partition_size": 5}))
+    if checkpoint:
+        weights, *_ = _inputs(5)
+        CheckpointStore(run / "checkpoints").save(
+            7, {"teachers_weights": weights.numpy()}, {})
+    return run
+
+
+def test_the_cli_reads_screening_runs_only_and_writes_its_record(tmp_path, capsys):
+    total = splits.TUNING_RECORDS + 20
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "data" / "fashion_mnist"
+    folder.mkdir(parents=True)
+    write_idx(folder / "train-images-idx3-ubyte.gz",
+              rng.integers(0, 256, size=(total, 28, 28)).astype(np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", (np.arange(total) % 10).astype(np.uint8))
+    evaluate = load_script("evaluate")
+    private = _class_signal_run(tmp_path, "all", checkpoint=True)
+    assert evaluate.main([str(private), "--teacher_classes", "20"]) == 2
+    assert "training_records='all'" in capsys.readouterr().err
+    bare = _class_signal_run(tmp_path, "tuning", checkpoint=False)
+    assert evaluate.main([str(bare), "--teacher_classes", "20"]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    run = _class_signal_run(tmp_path, "tuning", checkpoint=True)
+    assert evaluate.main([str(run), "--teacher_classes", "20"]) == 0
+    record = json.loads((run / "teacher_classes.json").read_text())
+    assert record["teachers"] == T and record["records"] == 20 and record["step"] == 7
+    assert 0 <= record["teacher_accuracy_mean"] <= 1
+    assert "teachers as classifiers (20 records" in capsys.readouterr().out

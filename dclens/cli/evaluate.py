@@ -27,6 +27,7 @@ import sys
 from dclens.common import tf_env
 from dclens.evaluation import classifiers, evaluate, quality, record_outputs
 from dclens import data
+from dclens.datalens import class_signal
 from dclens.evaluation import authors_protocol, dpimagebench
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
@@ -151,6 +152,28 @@ def _check_name(parser: argparse.ArgumentParser, name: str) -> None:
                      f"evaluation-2, and --out for another folder")
 
 
+def _teacher_classes(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     log) -> int:
+    """``--teacher_classes``: :func:`dclens.datalens.class_signal.run_class_signal`."""
+    if args.real or not args.input or not os.path.isdir(args.input):
+        parser.error(f"--teacher_classes reads a run directory, got "
+                     f"{args.input or '--real'!r}")
+    if args.teacher_classes < 1:
+        parser.error(f"--teacher_classes must be >= 1 records, got {args.teacher_classes}")
+    try:
+        record = class_signal.run_class_signal(args.input, records=args.teacher_classes,
+                                               log=log)
+    except (class_signal.ClassSignalError, data.DataError, OSError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        return 2
+    print(f"teachers as classifiers ({record['records']} records, chance "
+          f"{record['chance']:.2f}): each {record['teacher_accuracy_mean']:.3f} +- "
+          f"{record['teacher_accuracy_sd']:.3f}, their summed logits "
+          f"{record['ensemble_accuracy']:.3f}, D(x, y) > D(x, y') {record['pairwise']:.3f}; "
+          f"wrote {os.path.join(args.input, 'teacher_classes.json')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evaluate.py", description=__doc__.split("\n\n")[0],
@@ -168,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the input's folder; with --real: runs/eval-real-<dataset>)")
     parser.add_argument("--name", default="evaluation", help="output file stem")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    parser.add_argument("--teacher_classes", type=int, metavar="RECORDS", help="instead of "
+                        "evaluating samples: read a screening run's teachers (latest "
+                        "checkpoint) as classifiers on the first RECORDS records of the "
+                        "tuning holdout (issue 39's lever 5 diagnostic); writes "
+                        "<run>/teacher_classes.json")
     add_eval_arguments(parser, dpimagebench=True)
     return parser
 
@@ -180,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     _check_name(parser, args.name)
 
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    if args.teacher_classes is not None:
+        return _teacher_classes(parser, args, log)
     try:
         saved = None if args.real else _saved_run_config(args.input)
         dataset = args.dataset or (saved["train"]["dataset"] if saved else "fashion_mnist")
