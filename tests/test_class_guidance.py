@@ -28,11 +28,11 @@ from dclens.datalens import class_signal, networks, teachers
 from dclens.datalens.config import (BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig,
                                     TrainingRecords)
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble
-from dclens.datalens.train import DataLens, TeacherPlacement
+from dclens.datalens.train import DataLens
 from dclens.runs.checkpoint import CheckpointStore
 
 SHAPE = networks.ImageShape(28, 28, 1, 10)
-T, B = 3, 5
+T, B = 2, 4
 
 
 def _inputs(seed: int = 0):
@@ -69,32 +69,46 @@ def _slow_gradients(ensemble: teachers.TeacherEnsemble, weights, images, labels:
     return np.stack(out)
 
 
-def test_the_guided_gradient_equals_a_per_teacher_per_label_loop():
+LAMBDA = 0.7
+
+
+@pytest.fixture(scope="module")
+def guided():
+    """Inputs, the reference's guided and unguided gradients (each traced once here)."""
     weights, images, one_hot, labels = _inputs()
-    lam = 0.7
     ensemble = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
-                                        class_guidance=lam)
-    got = ensemble.image_gradients(weights, images, one_hot).numpy()
-    want = _slow_gradients(ensemble, weights, images, labels, lam)
+                                        class_guidance=LAMBDA)
+    plain = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
+    return {"inputs": (weights, images, one_hot, labels), "ensemble": ensemble,
+            "guided": ensemble.image_gradients(weights, images, one_hot).numpy(),
+            "plain": plain.image_gradients(weights, images, one_hot).numpy()}
+
+
+def test_the_guided_gradient_equals_a_per_teacher_per_label_loop(guided):
+    weights, images, _, labels = guided["inputs"]
+    got = guided["guided"]
+    want = _slow_gradients(guided["ensemble"], weights, images, labels, LAMBDA)
     scale = np.abs(want).max()
     assert scale > 0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
     # and the class term is not negligible here (else the check above is empty)
-    plain = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
-    difference = np.abs(got - plain.image_gradients(weights, images, one_hot).numpy()).max()
-    assert difference > 0.05 * scale
+    assert np.abs(got - guided["plain"]).max() > 0.05 * scale
 
 
 @pytest.mark.parametrize("conv_path", ["auto", "grouped"])
-def test_the_fast_ensemble_equals_the_reference_with_guidance(conv_path):
-    weights, images, one_hot, _ = _inputs(1)
-    reference = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
-                                         class_guidance=2.0)
+def test_the_fast_ensemble_equals_the_reference_with_guidance(guided, conv_path):
+    weights, images, one_hot, _ = guided["inputs"]
     fast = FastTeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5, conv_path=conv_path,
-                               class_guidance=2.0)
-    want = reference.image_gradients(weights, images, one_hot).numpy()
+                               class_guidance=LAMBDA)
+    want = guided["guided"]
     got = fast.image_gradients(weights, images, one_hot).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # float32 in another summation order; K = 10 passes give a leaky ReLU ten chances to
+    # fall on the other side of its kink, which moves a patch of pixels by ~1e-3 of the
+    # scale. So the measure is each teacher's relative L2 error (a wrong shift, sign or
+    # batch statistic would make it O(1)): at most 1e-3.
+    for t in range(T):
+        error = np.linalg.norm(got[t] - want[t]) / np.linalg.norm(want[t])
+        assert error < 1e-3, (t, error)
 
 
 def test_zero_guidance_is_the_papers_gradient_bit_for_bit():
@@ -108,9 +122,9 @@ def test_zero_guidance_is_the_papers_gradient_bit_for_bit():
         np.testing.assert_array_equal(paper, zero)
 
 
-def test_a_step_along_the_class_term_lowers_each_teachers_label_cross_entropy():
-    weights, images, one_hot, _ = _inputs(3)
-    ensemble = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5)
+def test_a_step_along_the_class_term_lowers_each_teachers_label_cross_entropy(guided):
+    weights, images, one_hot, _ = guided["inputs"]
+    ensemble = guided["ensemble"]
 
     def cross_entropy(x):                                              # [T]
         tiled = tf.tile(x[None], [T, 1, 1, 1, 1])
@@ -119,11 +133,8 @@ def test_a_step_along_the_class_term_lowers_each_teachers_label_cross_entropy():
                    for c in range(10)]
         return teachers.class_guidance_loss(tf.stack(shifted, axis=-1)).numpy()
 
-    # the class term alone: the difference of a guided and an unguided gradient, / lambda
-    guided = teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
-                                      class_guidance=1.0)
-    direction = (guided.image_gradients(weights, images, one_hot)
-                 - ensemble.image_gradients(weights, images, one_hot)).numpy()
+    # the class term alone: the guided gradient minus the unguided one (lambda > 0)
+    direction = guided["guided"] - guided["plain"]
     before = cross_entropy(images)
     for t in range(T):
         step = 1e-2 / max(np.abs(direction[t]).max(), 1e-12)
@@ -144,38 +155,36 @@ def test_bad_guidance_is_refused_by_name():
 
 def test_one_teachers_records_swapped_move_only_its_own_guided_vote():
     """Neighbouring data sets: every record of teacher 0 replaced (noise images, other
-    labels). After one step of training, teachers 1.. have bit-equal weights and guided
-    gradients; the vote sum moves by at most 2 sqrt(k) per image."""
+    labels). After one step of training, teacher 1 (in the same chunk) has bit-equal
+    weights and guided gradients; the vote sum moves by at most 2 sqrt(k) per image."""
     topk = 30
     config = DataLensConfig(
-        train=TrainConfig(num_teachers=4, batch_size=6, d_step=1, pretrain_teacher=2,
-                          z_dim=8, teacher_chunk=2, class_guidance=1.0),
+        train=TrainConfig(num_teachers=2, batch_size=4, d_step=1, pretrain_teacher=1,
+                          z_dim=8, teacher_chunk=2, num_samples=10, class_guidance=1.0),
         topagg=TopAggConfig(topk=topk, sigma=5.0, thresh=0.2, max_grad=1e-5),
         budget=BudgetConfig(max_eps=1e6))
-    first = synthetic_fashion_mnist(48)
-    lens = DataLens(config, first, root_seed=4,
-                    placement=TeacherPlacement(ensemble="reference"))
+    first = synthetic_fashion_mnist(16)
+    lens = DataLens(config, first, root_seed=4)
     rng = np.random.default_rng(9)
     images, labels = first.images.copy(), first.labels.copy()
     swapped = lens.partitions[0]
     images[swapped] = rng.uniform(size=images[swapped].shape).astype(images.dtype)
     labels[swapped] = (labels[swapped] + 1 + rng.integers(0, 9, len(swapped))) % 10
     neighbour = dataclasses.replace(first, images=images, labels=labels)
-    other = DataLens(config, neighbour, root_seed=4, partitions=lens.partitions,
-                     placement=TeacherPlacement(ensemble="reference"))
+    other = DataLens(config, neighbour, root_seed=4, partitions=lens.partitions)
     lens.train_step()
     other.train_step()
     w_a, w_b = np.array(lens.bank.weights), np.array(other.bank.weights)
     assert np.any(w_a[0] != w_b[0])
     np.testing.assert_array_equal(w_a[1:], w_b[1:])
 
-    query = tf.constant(rng.uniform(size=(6, 28, 28, 1)).astype(np.float32))
-    query_labels = tf.one_hot(rng.integers(0, 10, 6), 10)
+    query = tf.constant(rng.uniform(size=(4, 28, 28, 1)).astype(np.float32))
+    query_labels = tf.one_hot(rng.integers(0, 10, 4), 10)
     g_a = lens.ensemble.image_gradients(tf.constant(w_a), query, query_labels).numpy()
     g_b = other.ensemble.image_gradients(tf.constant(w_b), query, query_labels).numpy()
     assert np.any(g_a[0] != g_b[0])
     np.testing.assert_array_equal(g_a[1:], g_b[1:])
-    uniforms = tf.constant(rng.uniform(size=(4, 6, lens.topagg.uniform_count(784))),
+    uniforms = tf.constant(rng.uniform(size=(2, 4, lens.topagg.uniform_count(784))),
                            tf.float32)
     votes_a = lens.topagg.vote_sum(tf.constant(g_a), uniforms=uniforms).numpy()
     votes_b = lens.topagg.vote_sum(tf.constant(g_b), uniforms=uniforms).numpy()
@@ -214,11 +223,11 @@ def test_shifted_logits_score_each_batch_under_every_label():
 def _class_signal_run(tmp_path, records: str, *, checkpoint: bool):
     run = tmp_path / f"run-{records}-{checkpoint}"
     run.mkdir()
-    config = DataLensConfig(train=TrainConfig(num_teachers=T, batch_size=5,
+    config = DataLensConfig(train=TrainConfig(num_teachers=T, batch_size=4,
                                               training_records=TrainingRecords(records),
                                               data_dir=str(tmp_path / "data")))
     (run / "config.json").write_text(json.dumps({"config": config.to_dict(),
-                                                 "partition_size": 5}))
+                                                 "partition_size": 4}))
     if checkpoint:
         weights, *_ = _inputs(5)
         CheckpointStore(run / "checkpoints").save(
