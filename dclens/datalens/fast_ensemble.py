@@ -40,8 +40,7 @@ import tensorflow as tf
 from dclens.datalens import networks, teacher_conv, teacher_op
 from dclens.datalens.config import ConvPath
 from dclens.datalens.teachers import (ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState,
-                                      check_class_guidance, class_guidance_loss,
-                                      shifted_labels)
+                                      check_class_guidance, guided_term)
 
 KERNEL = teacher_conv.KERNEL
 TAPS = KERNEL * KERNEL
@@ -344,11 +343,9 @@ class FastTeacherEnsemble:
             logits = self.grouped_logits(weights, tiled, labels, groups=1)
             generator_loss = tf.reduce_sum(tf.reduce_mean(tf.nn.softplus(-logits), axis=1))
             if self.class_guidance:
-                shifted = [logits] + [
-                    self.grouped_logits(weights, tiled, shifted_labels(labels, c), groups=1)
-                    for c in range(1, self.shape.num_classes)]
-                generator_loss += self.class_guidance * tf.reduce_sum(
-                    class_guidance_loss(tf.stack(shifted, axis=-1)))
+                generator_loss += guided_term(
+                    lambda shifted: self.grouped_logits(weights, tiled, shifted, groups=1),
+                    logits, labels, self.shape.num_classes, self.class_guidance)
         grads = tf.reshape(-tape.gradient(generator_loss, tiled),
                            tf.stack([shape[0], shape[1], shape[2], t, shape[3]]))
         return tf.transpose(grads, [3, 0, 1, 2, 4])

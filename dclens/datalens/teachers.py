@@ -151,6 +151,15 @@ def class_guidance_loss(shifted_logits: tf.Tensor) -> tf.Tensor:
                           - shifted_logits[..., 0], axis=1)
 
 
+def guided_term(logits_under, logits: tf.Tensor, labels: tf.Tensor, num_classes: int,
+                weight: float) -> tf.Tensor:
+    """weight * sum over teachers of :func:`class_guidance_loss`, the logits under every
+    label shift from ``logits_under(shifted labels)`` (``logits``: shift 0, already had)."""
+    shifted = [logits] + [logits_under(shifted_labels(labels, c))
+                          for c in range(1, num_classes)]
+    return weight * tf.reduce_sum(class_guidance_loss(tf.stack(shifted, axis=-1)))
+
+
 def shifted_labels(labels: tf.Tensor, shift: int) -> tf.Tensor:
     """One-hot labels [..., K] of (y + shift) mod K: the same batch's label histogram
     moved round the classes, so each shift's batch-norm statistics see as many labels."""
@@ -263,11 +272,9 @@ class TeacherEnsemble:
             logits = self.logits(weights, tiled, tiled_labels)
             generator_loss = tf.reduce_sum(tf.reduce_mean(tf.nn.softplus(-logits), axis=1))
             if self.class_guidance:
-                shifted = [logits] + [
-                    self.logits(weights, tiled, shifted_labels(tiled_labels, c))
-                    for c in range(1, self.shape.num_classes)]
-                generator_loss += self.class_guidance * tf.reduce_sum(
-                    class_guidance_loss(tf.stack(shifted, axis=-1)))
+                generator_loss += guided_term(
+                    lambda labels: self.logits(weights, tiled, labels), logits,
+                    tiled_labels, self.shape.num_classes, self.class_guidance)
         return -tape.gradient(generator_loss, tiled)
 
     def image_gradients(self, weights: tf.Tensor, images: tf.Tensor,
