@@ -307,3 +307,141 @@ def test_whole_runs_refuse_a_thread_count_below_one():
     with pytest.raises(SystemExit):
         cli.main(["--authors_repo", str(AUTHORS), "--whole_runs", "1", "--threads", "0",
                   "--max_eps", "5"])
+
+
+# --------------------------------------------------------------------------- restore
+def _restorable_study(tmp_path, **fields) -> whole_run_study.Study:
+    """A one-run-a-side study whose authors' protocol reads 50 of the 100 samples."""
+    from dclens.evaluation import authors_protocol
+
+    config = whole_run.WholeRunConfig.with_budget(15.0, samples=100, **TINY)
+    protocol = authors_protocol.AuthorsProtocol(rows_per_pickle=50, rows=500)
+    return whole_run_study.Study(str(tmp_path / "study"), config, str(AUTHORS), runs=1,
+                                 authors=protocol, **fields)
+
+
+def _published_record(study, side: str, index: int = 0) -> dict:
+    curves = {name: [0.25 * (step + 1) + index for step in range(3)]
+              for name in whole_run.CURVES}
+    return {"side": side, "seed": whole_run.run_seed(study.root_seed, side, index),
+            "config": json.loads(json.dumps(study.config.to_dict())), "curves": curves,
+            "epsilon": 14.19, "steps": 3, "seconds_per_step": 1.0}
+
+
+def _publish(tmp_path, study, files: dict[str, dict[str, dict]]) -> str:
+    """A published study (as copy_run_reports writes it): {run name: {file: content}}."""
+    published = tmp_path / "published"
+    for name, contents in files.items():
+        for file, content in contents.items():
+            export.write_json(published / "runs" / name / file, content)
+    return str(published)
+
+
+def _fake_runners(monkeypatch, curves_of, calls: list) -> None:
+    """Training replaced by records whose curves ``curves_of(side, seed)`` gives."""
+    def runner_for(side):
+        def run(repo, config, seed, run_dir, log):
+            calls.append((side, seed, run_dir))
+            return {"side": side, "seed": seed, "curves": curves_of(side, seed),
+                    "config": config.to_dict(), "epsilon": 14.19, "steps": 3,
+                    "seconds_per_step": 2.0}
+        return run
+    monkeypatch.setattr(whole_run_study, "RUNNERS", {s: runner_for(s) for s in whole_run.SIDES})
+
+
+def test_restore_copies_finished_runs_and_retrains_the_others_checking_them(
+        tmp_path, monkeypatch):
+    study = _restorable_study(tmp_path)
+    ours = _published_record(study, "dclens")
+    finished = {"run.json": _published_record(study, "authors"),
+                "evaluation.json": {"protocols": {"val": {"accuracy": 0.5}}},
+                "authors_protocol.json": {"accuracy": 0.6}}
+    published = _publish(tmp_path, study, {
+        "authors-0": finished,
+        "dclens-0": {"run.json": ours, "evaluation.json": {"protocols": {"val": {
+            "accuracy": 0.4}}}}})                  # no authors' protocol: not finished
+    whole_run_study.open_study(study)
+    lines, calls = [], []
+    assert whole_run_study.restore(study, published, lines.append) == {
+        "finished": ["authors-0"], "retrain": ["dclens-0"], "kept": []}
+    _fake_runners(monkeypatch, lambda side, seed: ours["curves"], calls)
+    whole_run_study.train(study, lines.append)
+    folder = pathlib.Path(study.directory)
+    for file, content in finished.items():        # copied, and not trained again
+        assert json.loads((folder / "authors-0" / file).read_text()) == content
+    assert [(side, seed) for side, seed, _ in calls] == [("dclens", ours["seed"])]
+    record = json.loads((folder / "dclens-0" / "run.json").read_text())
+    assert record["reproduction"] == {"of": "expected_run.json", "equal": True,
+                                      "first_difference": None}
+    # Same trajectory, same samples: the published evaluation stands for the retrained run.
+    assert json.loads((folder / "dclens-0" / "evaluation.json").read_text()) == {
+        "protocols": {"val": {"accuracy": 0.4}}}
+    assert any("reproduces its published run" in line for line in lines)
+    # Restoring again keeps what the study now holds.
+    assert whole_run_study.restore(study, published, lines.append)["kept"] == [
+        "authors-0", "dclens-0"]
+
+
+def test_a_retrained_run_that_differs_from_its_published_one_is_evaluated_afresh(
+        tmp_path, monkeypatch):
+    study = _restorable_study(tmp_path)
+    ours = _published_record(study, "dclens")
+    published = _publish(tmp_path, study, {"dclens-0": {
+        "run.json": ours, "evaluation.json": {"protocols": {}}}})
+    whole_run_study.open_study(study)
+    whole_run_study.restore(study, published, lambda _: None)
+    changed = json.loads(json.dumps(ours["curves"]))
+    changed["teacher_loss"][2] += 1e-7              # round-off at the third step
+    changed["pass_fraction"][1] += 1e-3             # and an earlier one elsewhere
+    lines, calls = [], []
+    _fake_runners(monkeypatch, lambda side, seed: changed, calls)
+    whole_run_study.train(dataclasses.replace(study, only=("dclens-0",)), lines.append)
+    run_dir = pathlib.Path(study.run_dir("dclens", 0))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["reproduction"]["equal"] is False
+    assert record["reproduction"]["first_difference"] == {
+        "curve": "pass_fraction", "step": 2, "published": ours["curves"]["pass_fraction"][1],
+        "retrained": changed["pass_fraction"][1]}
+    assert not (run_dir / "evaluation.json").exists()          # to be evaluated again
+    assert any(line.startswith("WARNING: dclens-0 did NOT reproduce") for line in lines)
+
+
+def test_restore_refuses_runs_of_another_seed_or_a_folder_without_runs(tmp_path):
+    study = _restorable_study(tmp_path)
+    whole_run_study.open_study(study)
+    with pytest.raises(SideBySideError, match="holds no published runs"):
+        whole_run_study.restore(study, str(tmp_path / "nothing"), lambda _: None)
+    record = dict(_published_record(study, "authors"), seed=12345)
+    published = _publish(tmp_path, study, {"authors-0": {"run.json": record}})
+    with pytest.raises(SideBySideError, match="another seed than run authors-0.*12345"):
+        whole_run_study.restore(study, published, lambda _: None)
+    assert not os.path.exists(study.run_dir("authors", 0))    # nothing copied
+    other = dict(_published_record(study, "authors"), config={"steps": 4})
+    published = _publish(tmp_path / "2", study, {"authors-0": {"run.json": other}})
+    with pytest.raises(SideBySideError, match="another configuration"):
+        whole_run_study.restore(study, published, lambda _: None)
+
+
+def test_only_the_chosen_runs_are_trained_and_claimed_runs_are_skipped(tmp_path,
+                                                                       monkeypatch):
+    study = dataclasses.replace(_restorable_study(tmp_path), runs=2)
+    whole_run_study.open_study(study)
+    calls = []
+    _fake_runners(monkeypatch, lambda side, seed: {}, calls)
+    claimed = pathlib.Path(study.run_dir("authors", 1))
+    claimed.mkdir(parents=True)
+    (claimed / whole_run_study.TRAIN_CLAIM_FILE).write_text("another-host 7")
+    lines = []
+    whole_run_study.train(dataclasses.replace(study, only=("dclens-0", "authors-1")),
+                          lines.append)
+    assert [pathlib.Path(run_dir).name for _, _, run_dir in calls] == ["dclens-0"]
+    assert "claimed by process 7 on another-host" in " ".join(lines)
+    assert not (claimed / "run.json").exists()
+    assert not (pathlib.Path(study.run_dir("dclens", 0)) /
+                whole_run_study.TRAIN_CLAIM_FILE).exists()       # released
+
+
+@pytest.mark.parametrize("only", [("dclens-2",), ("teacher-0",), ()])
+def test_runs_to_work_on_must_be_runs_of_the_study(tmp_path, only):
+    with pytest.raises(SideBySideError, match="must be named <side>-<i>"):
+        _restorable_study(tmp_path, only=only)

@@ -36,7 +36,7 @@ from typing import Sequence
 
 from dclens.common import tf_env
 from dclens.common.paths import REPO_ROOT
-from dclens.common import export
+from dclens.common import export, reporting
 from dclens.data import DataError
 from dclens.evaluation import authors_protocol, classifiers, evaluate
 from dclens.evaluation import quality
@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "can run in several processes at once, each on the runs it "
                             "claims: on a 2-core CPU two with --threads 1 did up to 1.8x "
                             "the epochs per hour of one with both cores (docs/authors.md)")
+    whole.add_argument("--only", metavar="RUNS",
+                       help="comma-separated runs to work on now, e.g. dclens-1,authors-2 "
+                            "(default: every run of the study); other processes may work "
+                            "on the others")
+    whole.add_argument("--restore_from", metavar="RESULTS",
+                       help="first seed --study_dir from a published study (its --results "
+                            "folder, e.g. results/side-by-side/whole-runs) when runs/ was "
+                            "lost: finished runs are copied, the others retrained from "
+                            "their seeds and checked step for step against their "
+                            "published records")
     whole.add_argument("--smoke", action="store_true",
                        help="evaluation at a smoke-test size (1-epoch classifiers, 200 test "
                             "images): checks the path, its numbers mean nothing")
@@ -192,12 +202,15 @@ def run_whole(parser: argparse.ArgumentParser, args: argparse.Namespace,
                                 authors_protocol.AuthorsProtocol(range=1)))
         study = whole_run_study.Study(args.study_dir, config, args.authors_repo,
                                       runs=args.whole_runs, root_seed=args.seed,
-                                      evaluation=evaluation, authors=authors)
+                                      evaluation=evaluation, authors=authors,
+                                      only=None if args.only is None else tuple(
+                                          name for name in args.only.split(",") if name))
         tf1_compat.check_repo(args.authors_repo)
         summary = whole_run_study.run_study(study, data_dir=args.data_dir, phases=phases,
+                                            restore_from=args.restore_from,
                                             log=functools.partial(print, flush=True))
     except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError,
-            RunDirError, evaluate.EvaluationError) as error:
+            RunDirError, evaluate.EvaluationError, reporting.ReportError) as error:
         print(f"side_by_side.py: error: {error}", file=sys.stderr)
         return 2
     readme = whole_run_report.publish(

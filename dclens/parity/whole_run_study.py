@@ -14,6 +14,12 @@ run, ``authors-<i>`` / ``dclens-<i>``.  Work goes in three phases, each resumabl
 3. the authors' evaluation protocol (``authors_protocol.json``; range 1: their script reads
    the first pickle), the slowest, with its own resume file.
 
+Several processes may work on one study at once (each claims the run it trains or
+evaluates with the authors' protocol), or on chosen runs only (``Study.only``).  When the
+study's directory is lost (``runs/`` does not survive a change of machine), :func:`restore`
+seeds a new one from the published reports: finished runs are copied, the others are
+retrained from their seeds and checked step for step against their published records.
+
 :func:`summarize` reads what is finished; :mod:`dclens.parity.whole_run_report` renders it.
 """
 
@@ -60,17 +66,39 @@ class Study:
     root_seed: int = 0
     evaluation: evaluate.EvalSettings = evaluate.EvalSettings()
     authors: authors_protocol.AuthorsProtocol | None = authors_protocol.AuthorsProtocol()
+    #: The runs this process works on, as ``<side>-<i>`` names (None: every run).  Not a
+    #: setting of the study: it only chooses which of its runs to do now.
+    only: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
             raise SideBySideError(f"runs must be an integer >= 1, got {self.runs!r}")
+        if self.only is not None:
+            names = {self.run_name(side, index) for index in range(self.runs)
+                     for side in SIDES}
+            unknown = [name for name in self.only if name not in names]
+            if unknown or not self.only:
+                raise SideBySideError(
+                    f"the runs to work on must be named <side>-<i> with side authors or "
+                    f"dclens and i below {self.runs} (the study's runs); got "
+                    f"{', '.join(map(repr, unknown or self.only)) or 'none'}")
         if self.authors is not None and self.authors.real_rows > self.config.samples:
             raise SideBySideError(
                 f"the authors' protocol reads {self.authors.real_rows} samples but each run "
                 f"writes {self.config.samples}; raise samples or lower the protocol's rows")
 
+    @staticmethod
+    def run_name(side: str, index: int) -> str:
+        return f"{side}-{index}"
+
     def run_dir(self, side: str, index: int) -> str:
-        return os.path.join(self.directory, f"{side}-{index}")
+        return os.path.join(self.directory, self.run_name(side, index))
+
+    def selected(self) -> list[tuple[str, int]]:
+        """(side, index) of the runs to work on, in the order the phases take them:
+        run i of the authors, then run i of dclens."""
+        return [(side, index) for index in range(self.runs) for side in SIDES
+                if self.only is None or self.run_name(side, index) in self.only]
 
     def settings(self) -> dict[str, Any]:
         """What study.json records (and a resumed study must match)."""
@@ -98,28 +126,158 @@ def open_study(study: Study) -> None:
     export.write_json(path, mine)
 
 
+#: A restored run's published records, kept beside its retraining (:func:`restore`).
+EXPECTED_RUN_FILE = "expected_run.json"
+EXPECTED_EVALUATION_FILE = "expected_evaluation.json"
+#: The per-step curves that decide whether a retrained run is its published one (the
+#: step seconds differ between any two runs).
+REPRODUCED_CURVES = ("pass_fraction", "generator_loss", "teacher_loss", "epsilon")
+
+
+def _phase_files(study: Study) -> tuple[str, ...]:
+    return (RUN_FILE, EVALUATION_FILE) + (() if study.authors is None else
+                                          (AUTHORS_PROTOCOL_FILE,))
+
+
+def restore(study: Study, published: str, log: Callable[[str], None] = print
+            ) -> dict[str, list[str]]:
+    """Seeds the study's directory from a published study (the run reports that
+    :func:`dclens.parity.whole_run_report.copy_run_reports` wrote to
+    ``<published>/runs/<side>-<i>/``), e.g. after ``runs/`` was lost with its machine.
+
+    * A published run with every phase's file is **finished**: its files are copied and
+      nothing of it is redone.
+    * Any other published run lost its samples, which its later phases need: it is
+      **retrained** from its own seed.  Its published ``run.json`` (and ``evaluation.json``)
+      are kept beside it as ``expected_run.json`` (``expected_evaluation.json``), and the
+      retrained run is compared with them step by step (:func:`check_reproduction`).
+    * A run the study directory already holds is **kept** as it is.
+
+    Every published run must come from this study's configuration and its own seed
+    (:func:`dclens.parity.whole_run.run_seed`), else nothing is copied and the study is
+    refused.  Returns the run names under ``finished``, ``retrain`` and ``kept``."""
+    source_root = os.path.join(published, "runs")
+    if not os.path.isdir(source_root):
+        raise SideBySideError(
+            f"{published} holds no published runs ({source_root} is missing); give the "
+            f"--results folder of the study to restore, e.g. results/side-by-side/whole-runs")
+    config = json.loads(json.dumps(study.config.to_dict()))
+    plan: dict[str, list[tuple[str, str, str]]] = {"finished": [], "retrain": [], "kept": []}
+    for side, index in study.selected():
+        name = study.run_name(side, index)
+        source, target = os.path.join(source_root, name), study.run_dir(side, index)
+        if not os.path.exists(os.path.join(source, RUN_FILE)):
+            continue
+        with open(os.path.join(source, RUN_FILE)) as stream:
+            record = json.load(stream)
+        seed = run_seed(study.root_seed, side, index)
+        if record.get("seed") != seed or record.get("config") != config:
+            what = "seed" if record.get("seed") != seed else "configuration"
+            raise SideBySideError(
+                f"{source} was made with another {what} than run {name} of this study "
+                f"(seed {record.get('seed')!r}, expected {seed}): restore a study with the "
+                f"settings it was published with (its README gives the command)")
+        if _done(os.path.join(target, RUN_FILE)):
+            plan["kept"].append((name, source, target))
+        elif all(_done(os.path.join(source, file)) for file in _phase_files(study)):
+            plan["finished"].append((name, source, target))
+        else:
+            plan["retrain"].append((name, source, target))
+    for name, source, target in plan["finished"]:
+        for file in _phase_files(study):
+            reporting.copy_once(os.path.join(source, file), os.path.join(target, file))
+    for name, source, target in plan["retrain"]:
+        for file, kept_as in ((RUN_FILE, EXPECTED_RUN_FILE),
+                              (EVALUATION_FILE, EXPECTED_EVALUATION_FILE)):
+            if _done(os.path.join(source, file)):
+                reporting.copy_once(os.path.join(source, file),
+                                    os.path.join(target, kept_as), replace=True)
+    names = {key: [name for name, _, _ in runs] for key, runs in plan.items()}
+    log(f"restored from {published}: finished {', '.join(names['finished']) or 'none'}; "
+        f"to retrain (samples lost) {', '.join(names['retrain']) or 'none'}; kept "
+        f"{', '.join(names['kept']) or 'none'}")
+    return names
+
+
+def check_reproduction(run_dir: str, record: dict[str, Any],
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Compares a just-trained run with its published record when it was restored for
+    retraining (``expected_run.json``; otherwise ``record`` is returned as it is).
+
+    Equal curves (:data:`REPRODUCED_CURVES`, every step, exactly as JSON stores them)
+    mean the same trajectory from the same seed, so the same samples: the published
+    ``evaluation.json`` stands for the retrained run and is put in place.  Any
+    difference (another CPU kind or oneDNN setting can change TF's round-off) is logged
+    with its first step: the retrained run is then a new run of that seed and is evaluated
+    afresh.  Either way ``record`` gains ``reproduction`` saying which."""
+    expected_path = os.path.join(run_dir, EXPECTED_RUN_FILE)
+    if not os.path.exists(expected_path):
+        return record
+    with open(expected_path) as stream:
+        expected = json.load(stream)
+    mine = json.loads(json.dumps(record["curves"]))
+    first = None
+    for name in REPRODUCED_CURVES:
+        theirs, ours = expected["curves"].get(name), mine.get(name)
+        if ours == theirs:
+            continue
+        if not (isinstance(ours, list) and isinstance(theirs, list)):
+            first = {"curve": name, "step": None, "published": theirs, "retrained": ours}
+            break
+        step = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                    min(len(ours), len(theirs)))
+        candidate = {"curve": name, "step": step + 1,
+                     "published": theirs[step] if step < len(theirs) else None,
+                     "retrained": ours[step] if step < len(ours) else None}
+        if first is None or candidate["step"] < first["step"]:
+            first = candidate
+    name = os.path.basename(os.path.normpath(run_dir))
+    record = dict(record, reproduction={"of": EXPECTED_RUN_FILE, "equal": first is None,
+                                        "first_difference": first})
+    evaluation = os.path.join(run_dir, EXPECTED_EVALUATION_FILE)
+    if first is None:
+        log(f"{name} reproduces its published run step for step ({', '.join(REPRODUCED_CURVES)})")
+        if os.path.exists(evaluation) and not _done(os.path.join(run_dir, EVALUATION_FILE)):
+            reporting.copy_once(evaluation, os.path.join(run_dir, EVALUATION_FILE))
+            log(f"{name}: its published evaluation stands (same samples)")
+    else:
+        log(f"WARNING: {name} did NOT reproduce its published run: {first['curve']} at step "
+            f"{first['step']} is {first['retrained']!r}, published {first['published']!r} "
+            f"(this machine's numerics differ). The retrained run replaces the published "
+            f"one and is evaluated afresh.")
+    return record
+
+
 def _done(path: str) -> bool:
     return os.path.exists(path)
 
 
 def train(study: Study, log: Callable[[str], None] = print) -> None:
-    """Phase 1: every missing run, authors' run i then dclens' run i."""
-    for index in range(study.runs):
-        for side in SIDES:
-            run_dir = study.run_dir(side, index)
-            if _done(os.path.join(run_dir, RUN_FILE)):
+    """Phase 1: every missing run, authors' run i then dclens' run i.
+
+    Several processes may train one study's runs at once: each claims a run before it
+    trains it (:func:`claim_run`).  A run restored for retraining (:func:`restore`) is
+    compared with its committed record when it finishes (:func:`check_reproduction`)."""
+    for side, index in study.selected():
+        run_dir = study.run_dir(side, index)
+        if _done(os.path.join(run_dir, RUN_FILE)):
+            continue
+        os.makedirs(run_dir, exist_ok=True)
+        with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as claimed:
+            if not claimed or _done(os.path.join(run_dir, RUN_FILE)):
                 continue
             log(f"training {side} run {index} (seed {run_seed(study.root_seed, side, index)})")
             record = RUNNERS[side](study.repo, study.config,
                                    run_seed(study.root_seed, side, index), run_dir, log=log)
+            record = check_reproduction(run_dir, record, log)
             export.write_json(os.path.join(run_dir, RUN_FILE), record)
             log(f"{side} run {index}: {record['steps']} steps, epsilon "
                 f"{record['epsilon']:.4f}, {record['seconds_per_step']:.2f} s per step")
 
 
 def _trained(study: Study) -> list[tuple[str, int, str]]:
-    return [(side, index, study.run_dir(side, index)) for index in range(study.runs)
-            for side in SIDES if _done(os.path.join(study.run_dir(side, index), RUN_FILE))]
+    return [(side, index, study.run_dir(side, index)) for side, index in study.selected()
+            if _done(os.path.join(study.run_dir(side, index), RUN_FILE))]
 
 
 def _pending(study: Study, name: str, what: str, log: Callable[[str], None]
@@ -177,15 +335,18 @@ def authors_protocol_runs(study: Study, *, data_dir: str | None = None,
 
 #: A run's claim by the process working on its authors' protocol: "<host> <pid>".
 CLAIM_FILE = "authors_protocol.claim"
+#: A run's claim by the process training it.
+TRAIN_CLAIM_FILE = "train.claim"
 
 
 @contextlib.contextmanager
-def claim_run(run_dir: str, log: Callable[[str], None]) -> Iterator[bool]:
-    """Yields whether this process holds ``run_dir``'s claim (created atomically with
-    O_EXCL; removed on leaving).  A claim left by a process of this host that is gone is
-    taken over; one of another host is respected and named (delete the file if no
+def claim_run(run_dir: str, log: Callable[[str], None],
+              name: str = CLAIM_FILE) -> Iterator[bool]:
+    """Yields whether this process holds ``run_dir``'s claim ``name`` (created atomically
+    with O_EXCL; removed on leaving).  A claim left by a process of this host that is gone
+    is taken over; one of another host is respected and named (delete the file if no
     process there works on the run)."""
-    path = os.path.join(run_dir, CLAIM_FILE)
+    path = os.path.join(run_dir, name)
     mine = f"{socket.gethostname()} {os.getpid()}"
     for _ in range(2):
         try:
@@ -230,10 +391,13 @@ def _claim_holder(path: str) -> str | None:
 
 
 def run_study(study: Study, *, data_dir: str | None = None, cache_dir: str | None = None,
-              phases: tuple[str, ...] = PHASES,
+              phases: tuple[str, ...] = PHASES, restore_from: str | None = None,
               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The phases asked for, in order, then :func:`summarize`."""
+    """The phases asked for, in order, then :func:`summarize`; with ``restore_from`` (a
+    published study) the study's directory is first seeded from it (:func:`restore`)."""
     open_study(study)
+    if restore_from is not None:
+        restore(study, restore_from, log)
     if "train" in phases:
         train(study, log)
     if "evaluate" in phases:
