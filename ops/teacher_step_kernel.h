@@ -43,6 +43,7 @@
 // scalar tail, so a teacher's result does not depend on where it sits in its chunk.
 #define EIGEN_FAST_MATH 0
 #include "Eigen/Core"
+#include "teacher_step_profile.h"
 
 namespace dclens {
 namespace teacher_step {
@@ -232,6 +233,22 @@ inline void UnfoldLabelGradient(const float* s_sum, const ConvShape& s, const Ro
       taps.transpose() * ConstMatrixMap(s_sum, taps.rows(), int64_t{s.k} * s.co);
 }
 
+// Leaky ReLU over n values, a = z > 0 ? z : z * slope, and its gradient in place,
+// grad = x > 0 ? grad : grad * slope: the same bits as those scalar expressions (a select,
+// no arithmetic on the kept branch), computed with Eigen's vector compare-and-select.
+// Written as scalar loops, GCC keeps the branch (under the default -ftrapping-math it does
+// not compute a multiply that only one branch does), which mispredicts on about half of
+// the elements: 40x slower on these sizes (ops/teacher_profile.cc measures the sections).
+inline void LeakyRelu(const float* z, int64_t n, float slope, float* a) {
+  Eigen::Map<const Eigen::ArrayXf> x(z, n);
+  Eigen::Map<Eigen::ArrayXf>(a, n) = (x > 0.0f).select(x, x * slope);
+}
+inline void LeakyReluGradient(const float* x, int64_t n, float slope, float* grad) {
+  Eigen::Map<const Eigen::ArrayXf> at(x, n);
+  Eigen::Map<Eigen::ArrayXf> g(grad, n);
+  g = (at > 0.0f).select(g, g * slope);
+}
+
 inline float Softplus(float x) {
   return x > 0.0f ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
 }
@@ -268,10 +285,9 @@ inline void BatchNormForward(int groups, int64_t rows, int cols, float epsilon, 
         const int64_t i = r * cols + f;
         const float normalised = (x[i] - mean[f]) * inv[f];
         x[i] = normalised;
-        const float affine = gamma[f] * normalised + beta[f];
-        u_g[i] = affine;
-        a_g[i] = affine > 0.0f ? affine : affine * slope;
+        u_g[i] = gamma[f] * normalised + beta[f];
       }
+    LeakyRelu(u_g, per_group * cols, slope, a_g);
   }
 }
 
@@ -281,7 +297,7 @@ inline void BatchNormBackward(int groups, int64_t rows, int cols, float slope, c
                        float* dgamma, float* dbeta) {
   const int64_t per_group = rows / groups;
   std::vector<double> sum_dxhat(cols), sum_dxhat_xhat(cols), sum_du(cols), sum_du_xhat(cols);
-  for (int64_t i = 0; i < rows * cols; ++i) grad[i] = u[i] > 0.0f ? grad[i] : grad[i] * slope;
+  LeakyReluGradient(u, rows * cols, slope, grad);
   for (int g = 0; g < groups; ++g) {
     std::fill(sum_du.begin(), sum_du.end(), 0.0);
     std::fill(sum_du_xhat.begin(), sum_du_xhat.end(), 0.0);
@@ -370,23 +386,27 @@ class Discriminator {
                        ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0);
     MatrixMap(z0_.data(), rows0_, g.c0) = z0_col;
     AddLabelAndBias(m0_.data(), p + g.b0, y, int64_t{g.h1} * g.w1, g.c0, z0_.data());
-    for (int64_t i = 0; i < rows0_ * g.c0; ++i)
-      a0_[i] = z0_[i] > 0.0f ? z0_[i] : z0_[i] * slope_;
+    LeakyRelu(z0_.data(), rows0_ * g.c0, slope_, a0_.data());
+    DCLENS_LAP(profile::kConv0Forward);
     // conv1 + bias, batch norm, lrelu
     GatherImageKernel(p + g.k1, conv1_, w1x_.data());
     FoldLabels(p + g.k1, conv1_, taps1_, m1_.data());
     Im2Col(a0_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, p1_.data());
+    DCLENS_LAP(profile::kConv1Im2Col);
     ColMatrixMap z1_col(col_.data(), rows1_, g.c1);
     z1_col.noalias() = ConstMatrixMap(p1_.data(), rows1_, int64_t{kTaps} * g.c0) *
                        ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1);
     MatrixMap(xhat1_.data(), rows1_, g.c1) = z1_col;
+    DCLENS_LAP(profile::kConv1Gemm);
     AddLabelAndBias(m1_.data(), p + g.b1, y, int64_t{g.h2} * g.w2, g.c1, xhat1_.data());
     BatchNormForward(g.groups, rows1_, g.c1, bn_epsilon_, slope_, p + g.g1, p + g.be1,
                      xhat1_.data(), u1_.data(), a1_.data(), rstd1_.data());
+    DCLENS_LAP(profile::kBatchNorm1Forward);
     // dense2 on [flatten, y] + bias, batch norm, lrelu
     MatrixMap z2(xhat2_.data(), g.n, g.dense);
     z2.noalias() = ConstMatrixMap(a1_.data(), g.n, g.flat) *
                    ConstMatrixMap(p + g.k2, g.flat, g.dense);
+    DCLENS_LAP(profile::kDense2Gemm);
     for (int b = 0; b < g.n; ++b) {
       const float* label_row = p + g.k2 + (g.flat + y[b]) * g.dense;
       float* out = xhat2_.data() + int64_t{b} * g.dense;
@@ -401,6 +421,7 @@ class Discriminator {
       for (int d = 0; d < g.dense; ++d) sum += a[d] * p[g.k3 + d];
       logits_[b] = sum + p[g.k3 + g.dense + y[b]] + p[g.b3];
     }
+    DCLENS_LAP(profile::kDense2Rest);
   }
 
   // Backward from dL/dlogit [n].  grad (size P), if not null, receives dL/dparameters;
@@ -425,12 +446,14 @@ class Discriminator {
         grad[g.b3] += dlogit[b];
       }
     }
+    DCLENS_LAP(profile::kLossAndDense3Backward);
     // batch norm 2 and lrelu -> dz2 (in d2_)
     std::vector<float> scratch_gamma, scratch_beta;
     float* dgamma2 = grad != nullptr ? grad + g.g2 : Scratch(&scratch_gamma, g.dense);
     float* dbeta2 = grad != nullptr ? grad + g.be2 : Scratch(&scratch_beta, g.dense);
     BatchNormBackward(g.groups, g.n, g.dense, slope_, p + g.g2, xhat2_.data(), u2_.data(),
                       rstd2_.data(), d2_.data(), dgamma2, dbeta2);
+    DCLENS_LAP(profile::kBatchNorm2Backward);
     ConstMatrixMap dz2(d2_.data(), g.n, g.dense);
     if (grad != nullptr) {
       MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
@@ -443,28 +466,33 @@ class Discriminator {
         }
       }
     }
+    DCLENS_LAP(profile::kDense2KernelGradient);
     // -> da1, batch norm 1 and lrelu -> dz1 (in d1_)
     MatrixMap(d1_.data(), g.n, g.flat).noalias() =
         dz2 * ConstMatrixMap(p + g.k2, g.flat, g.dense).transpose();
+    DCLENS_LAP(profile::kDense2InputGradient);
     float* dgamma1 = grad != nullptr ? grad + g.g1 : Scratch(&scratch_gamma, g.c1);
     float* dbeta1 = grad != nullptr ? grad + g.be1 : Scratch(&scratch_beta, g.c1);
     BatchNormBackward(g.groups, rows1_, g.c1, slope_, p + g.g1, xhat1_.data(), u1_.data(),
                       rstd1_.data(), d1_.data(), dgamma1, dbeta1);
+    DCLENS_LAP(profile::kBatchNorm1Backward);
     ConstMatrixMap dz1(d1_.data(), rows1_, g.c1);
     if (grad != nullptr) {
       KernelGradient(p1_.data(), dz1, conv1_, taps1_, rows1_, y,
                      grad + g.k1, grad + g.b1);
     }
+    DCLENS_LAP(profile::kConv1KernelGradient);
     // -> da0 via the patches' gradient, lrelu -> dz0 (in d0_)
     MatrixMap dp1(dp_.data(), rows1_, int64_t{kTaps} * g.c0);
     dp1.noalias() = dz1 * ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1).transpose();
+    DCLENS_LAP(profile::kConv1PatchGradient);
     Col2Im(dp_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, d0_.data());
-    for (int64_t i = 0; i < rows0_ * g.c0; ++i)
-      if (!(z0_[i] > 0.0f)) d0_[i] *= slope_;
+    LeakyReluGradient(z0_.data(), rows0_ * g.c0, slope_, d0_.data());
     ConstMatrixMap dz0(d0_.data(), rows0_, g.c0);
     if (grad != nullptr) {
       KernelGradient(p0_.data(), dz0, conv0_, taps0_, rows0_, y, grad + g.k0, grad + g.b0);
     }
+    DCLENS_LAP(profile::kConv0Backward);
     if (dx != nullptr) {
       MatrixMap dp0(dp_.data(), rows0_, int64_t{kTaps} * g.c);
       dp0.noalias() = dz0 * ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0).transpose();
@@ -635,6 +663,7 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
   const int n = g.n, half = g.n / 2;
   const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
   std::vector<float> dlogit(n);
+  DCLENS_LAP_RESTART();
   for (int64_t t = begin; t < end; ++t) {
     float* w = out_w + t * g.size;
     float* m = out_m + t * g.size;
@@ -664,6 +693,7 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
           adam.learning_rate * std::sqrt(1.0f - beta2_power) / (1.0f - beta1_power);
       AdamUpdate(g.size, grad, alpha, 1.0f - adam.beta1, 1.0f - adam.beta2, adam.epsilon,
                  from_w, from_m, from_v, w, m, v);
+      DCLENS_LAP(profile::kAdam);
     }
   }
 }
@@ -677,6 +707,7 @@ inline void ImageGradients(const Geometry& g, const Network& net_params, const f
   const int n = g.n;
   const int64_t image_size = int64_t{n} * g.h * g.w * g.c;
   std::vector<float> dlogit(n);
+  DCLENS_LAP_RESTART();
   for (int64_t t = begin; t < end; ++t) {
     net.Forward(weights + t * g.size, x, y);
     const std::vector<float>& logit = net.logits();
@@ -684,6 +715,7 @@ inline void ImageGradients(const Geometry& g, const Network& net_params, const f
     float* out_t = out + t * image_size;
     net.Backward(weights + t * g.size, y, dlogit.data(), nullptr, out_t);
     for (int64_t i = 0; i < image_size; ++i) out_t[i] = -out_t[i];
+    DCLENS_LAP(profile::kInputGradient);
   }
 }
 
