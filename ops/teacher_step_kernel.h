@@ -112,24 +112,40 @@ struct Geometry {
 
 // im2col of a 5x5 stride-2 'SAME' convolution: src [n, hi, wi, ci] ->
 // dst [n * ho * wo, 25 * ci], column (tap * ci + channel), zeros outside the image.
+// A tap row (dy) of a patch inside the image's width is 5 * ci contiguous floats of one
+// input row: copied as one span; only the border patches go tap by tap.
 inline void Im2Col(const float* src, int n, int hi, int wi, int ci, int ho, int wo, int pad_top,
             int pad_left, float* dst) {
   const int64_t row = int64_t{kTaps} * ci;
+  const int span = kKernel * ci;
   for (int b = 0; b < n; ++b) {
     const float* image = src + int64_t{b} * hi * wi * ci;
     for (int oy = 0; oy < ho; ++oy) {
       for (int ox = 0; ox < wo; ++ox) {
         float* out = dst + ((int64_t{b} * ho + oy) * wo + ox) * row;
+        const int x0 = ox * kStride - pad_left;
+        const bool inside = x0 >= 0 && x0 + kKernel <= wi;
         for (int dy = 0; dy < kKernel; ++dy) {
           const int iy = oy * kStride + dy - pad_top;
+          float* taps = out + dy * span;
+          if (iy < 0 || iy >= hi) {
+            for (int i = 0; i < span; ++i) taps[i] = 0.0f;
+            continue;
+          }
+          const float* line = image + int64_t{iy} * wi * ci;
+          if (inside) {
+            const float* from = line + int64_t{x0} * ci;
+            for (int i = 0; i < span; ++i) taps[i] = from[i];
+            continue;
+          }
           for (int dx = 0; dx < kKernel; ++dx) {
-            const int ix = ox * kStride + dx - pad_left;
-            float* tap = out + (dy * kKernel + dx) * ci;
-            if (iy < 0 || iy >= hi || ix < 0 || ix >= wi) {
-              std::fill(tap, tap + ci, 0.0f);
+            const int ix = x0 + dx;
+            float* tap = taps + dx * ci;
+            if (ix < 0 || ix >= wi) {
+              for (int ch = 0; ch < ci; ++ch) tap[ch] = 0.0f;
             } else {
-              const float* pixel = image + (int64_t{iy} * wi + ix) * ci;
-              for (int ch = 0; ch < ci; ++ch) tap[ch] = pixel[ch];   // ci is small: no memmove
+              const float* pixel = line + int64_t{ix} * ci;
+              for (int ch = 0; ch < ci; ++ch) tap[ch] = pixel[ch];
             }
           }
         }
@@ -138,24 +154,36 @@ inline void Im2Col(const float* src, int n, int hi, int wi, int ci, int ho, int 
   }
 }
 
-// The adjoint of Im2Col: dst [n, hi, wi, ci] = sum of the patches' entries that read it.
+// The adjoint of Im2Col: dst [n, hi, wi, ci] = sum of the patches' entries that read it,
+// added in the order (oy, ox, dy, dx) whether a tap row is added as one span (inside the
+// width) or tap by tap, so both give the same bits.
 inline void Col2Im(const float* cols, int n, int hi, int wi, int ci, int ho, int wo, int pad_top,
             int pad_left, float* dst) {
   const int64_t row = int64_t{kTaps} * ci;
+  const int span = kKernel * ci;
   std::fill(dst, dst + int64_t{n} * hi * wi * ci, 0.0f);
   for (int b = 0; b < n; ++b) {
     float* image = dst + int64_t{b} * hi * wi * ci;
     for (int oy = 0; oy < ho; ++oy) {
       for (int ox = 0; ox < wo; ++ox) {
         const float* patch = cols + ((int64_t{b} * ho + oy) * wo + ox) * row;
+        const int x0 = ox * kStride - pad_left;
+        const bool inside = x0 >= 0 && x0 + kKernel <= wi;
         for (int dy = 0; dy < kKernel; ++dy) {
           const int iy = oy * kStride + dy - pad_top;
           if (iy < 0 || iy >= hi) continue;
+          float* line = image + int64_t{iy} * wi * ci;
+          const float* taps = patch + dy * span;
+          if (inside) {
+            float* to = line + int64_t{x0} * ci;
+            for (int i = 0; i < span; ++i) to[i] += taps[i];
+            continue;
+          }
           for (int dx = 0; dx < kKernel; ++dx) {
-            const int ix = ox * kStride + dx - pad_left;
+            const int ix = x0 + dx;
             if (ix < 0 || ix >= wi) continue;
-            const float* tap = patch + (dy * kKernel + dx) * ci;
-            float* pixel = image + (int64_t{iy} * wi + ix) * ci;
+            const float* tap = taps + dx * ci;
+            float* pixel = line + int64_t{ix} * ci;
             for (int ch = 0; ch < ci; ++ch) pixel[ch] += tap[ch];
           }
         }
