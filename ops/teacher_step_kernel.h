@@ -402,13 +402,16 @@ class Discriminator {
            slope == slope_ && bn_epsilon == bn_epsilon_;
   }
 
-  // x [n, h, w, c]; y [n] class indices in [0, k).
-  void Forward(const float* p, const float* x, const int32_t* y) {
+  // x [n, h, w, c]; y [n] class indices in [0, k).  `same_images`: x is the batch of this
+  // object's previous Forward (a shared query batch), whose conv0 patches it still holds
+  // (only Forward writes them), so they are not gathered again.
+  void Forward(const float* p, const float* x, const int32_t* y, bool same_images = false) {
     const Geometry& g = g_;
     // conv0 (image part as a GEMM on patches, label part folded) + bias, lrelu
     GatherImageKernel(p + g.k0, conv0_, w0x_.data());
     FoldLabels(p + g.k0, conv0_, taps0_, m0_.data());
-    Im2Col(x, g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, p0_.data());
+    if (!same_images)
+      Im2Col(x, g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, p0_.data());
     ColMatrixMap z0_col(col_.data(), rows0_, g.c0);
     z0_col.noalias() = ConstMatrixMap(p0_.data(), rows0_, int64_t{kTaps} * g.c) *
                        ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0);
@@ -737,7 +740,7 @@ inline void ImageGradients(const Geometry& g, const Network& net_params, const f
   std::vector<float> dlogit(n);
   DCLENS_LAP_RESTART();
   for (int64_t t = begin; t < end; ++t) {
-    net.Forward(weights + t * g.size, x, y);
+    net.Forward(weights + t * g.size, x, y, /*same_images=*/t > begin);
     const std::vector<float>& logit = net.logits();
     for (int b = 0; b < n; ++b) dlogit[b] = -Sigmoid(-logit[b]) / n;
     float* out_t = out + t * image_size;
