@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "teacher's vote also descends lambda times its own label cross-entropy (its "
         "logits over the labels of one image read as a classifier) [default: 0, the "
         "paper's]")
+    add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
+        "for screening runs (--training_records tuning): every N steps, how much of the "
+        "teachers' class evidence their gradients, vote and update carry, into "
+        "<run>/class_direction.json (dclens/datalens/class_direction.py) [default: 0, off]")
     add("--training_records", choices=[r.value for r in splits.TrainingRecords],
         help="beyond the paper: private trains on all but the last 10,000 records (the "
              "tuning split a tuned configuration was chosen on); tuning is a screening "
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             balanced_partition=args.balanced_partition, fake_rendering=args.fake_rendering,
             sigma_scale=args.sigma_scale, conversion=args.conversion,
             generator_ema=args.generator_ema, training_records=args.training_records,
-            learning_rate=args.train_learning_rate, class_guidance=args.class_guidance)
+            learning_rate=args.train_learning_rate, class_guidance=args.class_guidance,
+            class_direction_every=args.class_direction_every)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

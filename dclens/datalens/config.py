@@ -308,6 +308,12 @@ class TrainConfig:
         (:func:`dclens.datalens.teachers.class_guidance_loss`); K forward passes per query.
         Still a function of that teacher's partition and the public fake batch, so the
         vote's sensitivity and the ledger are unchanged.  0 (the default): the paper's.
+      class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
+        how much of the teachers' summed class evidence their gradients, vote and released
+        update carry (:mod:`dclens.datalens.class_direction`), into
+        ``<run>/class_direction.json``.  It reads the teachers' weights, so it is refused
+        unless ``training_records`` is ``tuning``; it changes nothing the run computes.
+        0 (the default): off.
       data_dependent_analysis: also compute the authors' data-dependent RDP bound of every
         call (paper Fig. 2, :mod:`dclens.privacy.data_dependent`) and record its epsilon beside
         the ledger's; an analysis only, **never spent** (the authors' ``--signsgd_dept``).
@@ -338,6 +344,7 @@ class TrainConfig:
     generator_ema: float = 0.0
     training_records: TrainingRecords = TrainingRecords.ALL
     class_guidance: float = 0.0
+    class_direction_every: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.training_records, TrainingRecords),
@@ -349,6 +356,15 @@ class TrainConfig:
         _require(is_finite_number(self.class_guidance) and self.class_guidance >= 0,
                  f"class_guidance must be a finite number >= 0 (0: the paper's teachers; "
                  f"e.g. 1.0), got {self.class_guidance!r}")
+        _require(is_int(self.class_direction_every) and self.class_direction_every >= 0,
+                 f"class_direction_every must be an integer >= 0 (0: off; e.g. 10), got "
+                 f"{self.class_direction_every!r}")
+        _require(self.class_direction_every == 0
+                 or self.training_records is TrainingRecords.TUNING,
+                 f"class_direction_every={self.class_direction_every} reads the teachers' "
+                 f"weights, which no mechanism releases: only for screening runs on the "
+                 f"tuning split (training_records='tuning'), got training_records="
+                 f"{self.training_records.value!r}")
         _require(isinstance(self.dataset, str) and self.dataset != "",
                  f"dataset must be a non-empty name, got {self.dataset!r}")
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",

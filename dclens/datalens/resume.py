@@ -10,7 +10,7 @@ from dclens.runs.rundir import config_differences, flatten, unflatten
 
 # Settings that may differ between the saved run and a resuming command.
 CHANGEABLE_ON_RESUME = frozenset({"train.epochs", "train.teacher_chunk", "train.num_samples",
-                                  "train.save_votes",
+                                  "train.save_votes", "train.class_direction_every",
                                   "train.conv_path", "budget.max_eps"})
 # Settings whose change would alter what the ledger means (named as such in refusals).
 PRIVACY_RELEVANT = frozenset({

@@ -35,7 +35,7 @@ from dclens.common import machine
 from dclens.privacy import accounting
 from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
-from dclens.datalens import resume, sharded
+from dclens.datalens import class_direction, resume, sharded
 from dclens.datalens.budget import (DATA_DEPENDENT_PARTITION_WARNING, NOT_PRIVATE_WARNING,
                                     REPRODUCIBLE_NOISE_WARNING, UNPROVEN_ACCOUNTING_WARNING,
                                     check_budget_allows_a_step, expected_steps, privacy_record,
@@ -361,6 +361,15 @@ class _Training:
             log(f"--save_vote: every round's released update goes to {self.votes.folder}"
                 + (f"; RAW VOTE SUMS too: this run directory is PRIVATE ({RAW_VOTES_MARKER})"
                    if config.train.save_votes is SaveVotes.RAW_SUMS else ""))
+        if config.train.class_direction_every:
+            every = config.train.class_direction_every
+            if lens.sharded:
+                raise ValueError("class_direction_every reads every teacher's weights in "
+                                 "this process: run it without --shards")
+            lens.observer = class_direction.ClassDirectionLog(
+                [lens], plan.paths.root, every, inner=lens.observer)
+            log(f"class direction: every {every} steps into "
+                f"{lens.observer.path} (a diagnostic of the teachers; screening runs only)")
         log(f"{dataset.name}: {dataset.records} records, {config.train.num_teachers} "
             f"teachers x {lens.partition_size} records, batch {lens.batch}, "
             f"{lens.batch * config.train.g_step} queries per step; output in "

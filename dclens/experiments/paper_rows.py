@@ -115,6 +115,7 @@ class ReproduceOptions:
     repeat: int | None = None
     learning_rate: float | None = None
     class_guidance: float | None = None
+    class_direction_every: int = 0
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -389,6 +390,8 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: class guidance {options.class_guidance:g} "
                           f"(each teacher's vote also descends its own label "
                           f"cross-entropy; the same sensitivity)")
+    if options.class_direction_every:     # a diagnostic: the run's outputs are the same
+        train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:
         train["training_records"] = options.records
         deviations.append("beyond the paper: trained on " + splits.describe(
