@@ -122,7 +122,7 @@ def test_the_log_reads_only_and_records_the_steps_asked_for(tmp_path):
     for record in records:
         assert record["teachers"] == 3 and record["images"] == 4
         for name in ("mean_gradient_vs_class", "vote_vs_class", "update_vs_class",
-                     "vote_vs_mean_gradient"):
+                     "vote_vs_mean_gradient", "update_vs_mean_gradient"):
             assert -1.0 <= record[name] <= 1.0, (name, record)
     # A resumed run redoing step 2 replaces its record and keeps the earlier ones.
     again = class_direction.ClassDirectionLog([logged], str(tmp_path), 2)

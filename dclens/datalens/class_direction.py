@@ -15,9 +15,10 @@ For a round's fake batch x (B images, labels y) and the T teachers D_i:
   threshold).
 
 Per round it records the batch means of the per-image cosines cos(m, c), cos(v, c),
-cos(u, c) and cos(v, m).  cos(m, c) near 0 means the teachers' gradients carry little of
-the class evidence in the first place; cos(m, c) clearly above cos(v, c) means TopAgg's
-compression loses it.
+cos(u, c), cos(v, m) and cos(u, m).  cos(m, c) near 0 means the teachers' gradients carry
+little of the class evidence in the first place; cos(m, c) clearly above cos(v, c) means
+TopAgg's compression loses it; cos(u, c) / cos(u, m) against cos(m, c) tells whether the
+noise and threshold lose the class evidence more than the rest of the gradient.
 
 It reads the teachers' weights, which no mechanism releases, and writes functions of
 them: only for screening runs on the tuning split (``--training_records tuning``).  It
@@ -123,6 +124,7 @@ class ClassDirectionLog:
                   "vote_vs_class": mean_cosine(votes, direction),
                   "update_vs_class": mean_cosine(update, direction),
                   "vote_vs_mean_gradient": mean_cosine(votes, mean),
+                  "update_vs_mean_gradient": mean_cosine(update, mean),
                   "images": int(len(mean)), "teachers": int(weights.shape[0])}
         self.records = [r for r in self.records if r["step"] < step] + [record]
         export.write_json(self.path, {"description": __doc__.split("\n\n")[0],
