@@ -25,8 +25,8 @@ import tensorflow as tf
 from conftest import load_script, synthetic_fashion_mnist, write_idx
 from dclens.data import splits
 from dclens.datalens import class_signal, networks, teacher_conv, teachers
-from dclens.datalens.config import (BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig,
-                                    TrainingRecords)
+from dclens.datalens.config import (BudgetConfig, DataLensConfig, GuidanceForm, TopAggConfig,
+                                    TrainConfig, TrainingRecords)
 from dclens.datalens.fast_ensemble import FastTeacherEnsemble
 from dclens.datalens.train import DataLens
 from dclens.runs.checkpoint import CheckpointStore
@@ -48,7 +48,7 @@ def _inputs(seed: int = 0):
 
 
 def _slow_gradients(ensemble: teachers.TeacherEnsemble, weights, images, labels: np.ndarray,
-                    lam: float) -> np.ndarray:
+                    lam: float, form: str = "cross_entropy") -> np.ndarray:
     """Teacher by teacher, label by label: -d/dx [mean_b softplus(-D(x_b, y_b))
     + lam * mean_b (log sum_c exp D(x_b, y_b + c) - D(x_b, y_b))], the shifted labels
     built from the integers (not by the implementation's roll)."""
@@ -62,8 +62,9 @@ def _slow_gradients(ensemble: teachers.TeacherEnsemble, weights, images, labels:
                 per_shift.append(ensemble.logits(weights[t:t + 1], x, one_hot)[0])
             logits = tf.stack(per_shift, axis=-1)                       # [B, K]
             realism = tf.reduce_mean(tf.nn.softplus(-logits[:, 0]))
-            ce = tf.reduce_mean(tf.math.log(tf.reduce_sum(tf.exp(logits), axis=-1))
-                                - logits[:, 0])
+            pooled = (tf.reduce_sum(logits, axis=-1) / 10.0 if form == "margin"
+                      else tf.math.log(tf.reduce_sum(tf.exp(logits), axis=-1)))
+            ce = tf.reduce_mean(pooled - logits[:, 0])
             loss = realism + lam * ce
         out.append(-tape.gradient(loss, x)[0].numpy())
     return np.stack(out)
@@ -115,6 +116,27 @@ def test_the_fast_ensemble_equals_the_reference_with_guidance(guided, conv_path)
         assert error < 1e-3, (t, error)
 
 
+def test_the_margin_form_equals_its_loop_on_both_ensembles():
+    """The margin form (mean over the labels instead of logsumexp): the reference equals a
+    per-teacher, per-label loop, and the fast ensemble equals the reference; it differs
+    from the cross-entropy form (else the form would be ignored)."""
+    weights, images, one_hot, labels = _inputs(1)
+    make = dict(learning_rate=1e-3, beta1=0.5, class_guidance=LAMBDA,
+                class_guidance_form="margin")
+    reference = teachers.TeacherEnsemble(SHAPE, **make)
+    got = reference.image_gradients(weights, images, one_hot).numpy()
+    want = _slow_gradients(reference, weights, images, labels, LAMBDA, form="margin")
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+    cross = _slow_gradients(reference, weights, images, labels, LAMBDA)
+    assert np.abs(got - cross).max() > 0.05 * scale
+    fast = FastTeacherEnsemble(SHAPE, conv_path="per_teacher", **make)
+    fast_got = fast.image_gradients(weights, images, one_hot).numpy()
+    for t in range(T):
+        error = np.linalg.norm(fast_got[t] - got[t]) / np.linalg.norm(got[t])
+        assert error < 1e-3, (t, error)
+
+
 def test_zero_guidance_is_the_papers_gradient_bit_for_bit():
     weights, images, one_hot, _ = _inputs(2)
     for make in (lambda **kw: teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
@@ -155,6 +177,14 @@ def test_bad_guidance_is_refused_by_name():
                                      class_guidance=bad)
     config = DataLensConfig(train=TrainConfig(class_guidance=0.5))
     assert DataLensConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="class_guidance_form must be one of"):
+        TrainConfig(class_guidance_form="hinge")
+    with pytest.raises(ValueError, match="'hinge' is not a valid GuidanceForm"):
+        teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
+                                 class_guidance_form="hinge")
+    margin = DataLensConfig(train=TrainConfig(class_guidance=0.5,
+                                              class_guidance_form=GuidanceForm.MARGIN))
+    assert DataLensConfig.from_dict(margin.to_dict()) == margin
 
 
 def test_one_teachers_records_swapped_move_only_its_own_guided_vote():

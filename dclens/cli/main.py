@@ -130,6 +130,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "signsgd_dept": "train.data_dependent_analysis",
                "generator_ema": "train.generator_ema",
                "class_guidance": "train.class_guidance",
+               "class_guidance_form": "train.class_guidance_form",
                "training_records": "train.training_records"}
 
 
@@ -277,6 +278,10 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--class_guidance", type=float, metavar="LAMBDA",
         help="beyond the paper: each teacher's vote also descends LAMBDA times its own "
              "label cross-entropy (the same sensitivity; 0: off, the paper's)")
+    add("--class_guidance_form", choices=["cross_entropy", "margin"],
+        help="beyond the paper: the class term of --class_guidance: the teacher's label "
+             "cross-entropy, or its margin (its logit for the label minus its mean over "
+             "the labels) [default: cross_entropy]")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

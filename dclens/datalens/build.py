@@ -81,7 +81,7 @@ def build_ensemble(config: DataLensConfig, shape: networks.ImageShape, ensemble:
     options = {"conv_path": train_cfg.conv_path} if ensemble == "fast" else {}
     return ENSEMBLES[ensemble](shape, learning_rate=train_cfg.learning_rate,
                                beta1=train_cfg.beta1, class_guidance=train_cfg.class_guidance,
-                               **options)
+                               class_guidance_form=train_cfg.class_guidance_form, **options)
 
 
 def build_topagg(config: DataLensConfig, shape: networks.ImageShape) -> topagg.TopAgg:

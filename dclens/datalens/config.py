@@ -22,6 +22,13 @@ from dclens.privacy.accounting import Conversion
 from dclens.common.field_checks import is_finite_number, is_int
 
 
+class GuidanceForm(str, enum.Enum):
+    """The class term a guided teacher also descends (:func:`dclens.datalens.teachers.class_guidance_loss`)."""
+
+    CROSS_ENTROPY = "cross_entropy"   # its own softmax over the K labels
+    MARGIN = "margin"                 # its own logit minus its mean over the K labels
+
+
 class ConfigError(ValueError):
     """A hyper-parameter has a value the run cannot use."""
 
@@ -308,6 +315,10 @@ class TrainConfig:
         (:func:`dclens.datalens.teachers.class_guidance_loss`); K forward passes per query.
         Still a function of that teacher's partition and the public fake batch, so the
         vote's sensitivity and the ledger are unchanged.  0 (the default): the paper's.
+      class_guidance_form: the class term (:class:`dclens.datalens.teachers.GuidanceForm`):
+        ``cross_entropy`` (the default) or ``margin`` (a teacher's logit for the label minus
+        its mean over the labels; linear, so the teachers' terms add up to the summed
+        logits' margin).
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -345,8 +356,12 @@ class TrainConfig:
     training_records: TrainingRecords = TrainingRecords.ALL
     class_guidance: float = 0.0
     class_direction_every: int = 0
+    class_guidance_form: GuidanceForm = GuidanceForm.CROSS_ENTROPY
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.class_guidance_form, GuidanceForm),
+                 f"class_guidance_form must be one of {[f.value for f in GuidanceForm]}, "
+                 f"got {self.class_guidance_form!r}")
         _require(isinstance(self.training_records, TrainingRecords),
                  f"training_records must be one of {[r.value for r in TrainingRecords]}, "
                  f"got {self.training_records!r}")
@@ -458,7 +473,8 @@ class DataLensConfig:
         return cls(
             train=build(TrainConfig, data.get("train", {}),
                         {"conv_path": ConvPath, "fake_rendering": FakeRendering,
-                         "save_votes": SaveVotes, "training_records": TrainingRecords}),
+                         "save_votes": SaveVotes, "training_records": TrainingRecords,
+                         "class_guidance_form": GuidanceForm}),
             topagg=build(TopAggConfig, data.get("topagg", {}),
                          {"method": Aggregation, "sketch_accounting": SketchAccounting}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),

@@ -40,7 +40,7 @@ import tensorflow as tf
 from dclens.datalens import networks, teacher_conv, teacher_op
 from dclens.datalens.config import ConvPath
 from dclens.datalens.teachers import (ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState,
-                                      check_class_guidance, guided_term)
+                                      GuidanceForm, check_class_guidance, guided_term)
 
 KERNEL = teacher_conv.KERNEL
 TAPS = KERNEL * KERNEL
@@ -143,9 +143,11 @@ class FastTeacherEnsemble:
     """
 
     def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
-                 conv_path: str | ConvPath = "auto", class_guidance: float = 0.0):
+                 conv_path: str | ConvPath = "auto", class_guidance: float = 0.0,
+                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY):
         self.shape = shape
         self.class_guidance = check_class_guidance(class_guidance)
+        self.class_guidance_form = GuidanceForm(class_guidance_form)
         self.conv_path = teacher_conv.resolve_conv_path(conv_path)
         # The TF-graph pieces (logits; the formula path of mixed step counts) of the fused
         # path run on the per-teacher convolutions.
@@ -345,7 +347,8 @@ class FastTeacherEnsemble:
             if self.class_guidance:
                 generator_loss += guided_term(
                     lambda shifted: self.grouped_logits(weights, tiled, shifted, groups=1),
-                    logits, labels, self.shape.num_classes, self.class_guidance)
+                    logits, labels, self.shape.num_classes, self.class_guidance,
+                    self.class_guidance_form)
         grads = tf.reshape(-tape.gradient(generator_loss, tiled),
                            tf.stack([shape[0], shape[1], shape[2], t, shape[3]]))
         return tf.transpose(grads, [3, 0, 1, 2, 4])

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from dclens.datalens import networks
+from dclens.datalens.config import GuidanceForm
 
 ADAM_BETA2 = 0.999
 ADAM_EPSILON = 1e-8   # TF1's default, as in the authors' code
@@ -136,9 +137,16 @@ def _leaky_relu(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.leaky_relu(x, alpha=networks.LEAKY_SLOPE)
 
 
-def class_guidance_loss(shifted_logits: tf.Tensor) -> tf.Tensor:
+def class_guidance_loss(shifted_logits: tf.Tensor,
+                        form: GuidanceForm = GuidanceForm.CROSS_ENTROPY) -> tf.Tensor:
     """The teachers' class term, per teacher [T], from logits [T, B, K] of D(x_b, (y_b + c)
     mod K) for every shift c (c = 0: the image's own label y_b).
+
+    ``margin``: mean_b [mean_c D_i(x_b, c) - D_i(x_b, y_b)], linear in the logits, so the
+    teachers' terms add up to the ensemble's: the sum over teachers of their gradients is
+    exactly the gradient of the summed logits' margin, the classifier that is right on
+    most records where single teachers are weak (:mod:`dclens.datalens.class_signal`).
+    ``cross_entropy`` (below) weights each teacher's labels by its own softmax instead.
 
     A teacher's logits over the K labels of the same image, softmax-normalised, are a
     classifier: p_i(c | x) = exp D_i(x, c) / sum_c' exp D_i(x, c').  The term is its mean
@@ -147,17 +155,20 @@ def class_guidance_loss(shifted_logits: tf.Tensor) -> tf.Tensor:
     with any other*, the class evidence the realism term -log D_i(x_b, y_b) barely carries
     (:class:`TeacherEnsemble`, ``class_guidance``).
     """
-    return tf.reduce_mean(tf.reduce_logsumexp(shifted_logits, axis=-1)
-                          - shifted_logits[..., 0], axis=1)
+    pooled = (tf.reduce_mean(shifted_logits, axis=-1) if GuidanceForm(form) is
+              GuidanceForm.MARGIN else tf.reduce_logsumexp(shifted_logits, axis=-1))
+    return tf.reduce_mean(pooled - shifted_logits[..., 0], axis=1)
 
 
 def guided_term(logits_under, logits: tf.Tensor, labels: tf.Tensor, num_classes: int,
-                weight: float) -> tf.Tensor:
-    """weight * sum over teachers of :func:`class_guidance_loss`, the logits under every
-    label shift from ``logits_under(shifted labels)`` (``logits``: shift 0, already had)."""
+                weight: float, form: GuidanceForm = GuidanceForm.CROSS_ENTROPY
+                ) -> tf.Tensor:
+    """weight * sum over teachers of :func:`class_guidance_loss` of ``form``, the logits
+    under every label shift from ``logits_under(shifted labels)`` (``logits``: shift 0,
+    already had)."""
     shifted = [logits] + [logits_under(shifted_labels(labels, c))
                           for c in range(1, num_classes)]
-    return weight * tf.reduce_sum(class_guidance_loss(tf.stack(shifted, axis=-1)))
+    return weight * tf.reduce_sum(class_guidance_loss(tf.stack(shifted, axis=-1), form))
 
 
 def shifted_labels(labels: tf.Tensor, shift: int) -> tf.Tensor:
@@ -177,15 +188,18 @@ class TeacherEnsemble:
       learning_rate, beta1: the teachers' Adam hyper-parameters (paper: 1e-3, 0.5).
       class_guidance: lambda >= 0, the weight of :func:`class_guidance_loss` in the loss
         whose image gradient each teacher submits (0, the paper's: none; beyond the paper).
+      class_guidance_form: which class term (:class:`GuidanceForm`).
     """
 
     def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
-                 class_guidance: float = 0.0):
+                 class_guidance: float = 0.0,
+                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY):
         self.shape = shape
         self.layout = ParamLayout.for_shape(shape)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
         self.class_guidance = check_class_guidance(class_guidance)
+        self.class_guidance_form = GuidanceForm(class_guidance_form)
         self._train = tf.function(self._train_steps, reduce_retracing=True)
         self._image_gradients = tf.function(self._image_gradients_impl, reduce_retracing=True)
 
@@ -274,7 +288,8 @@ class TeacherEnsemble:
             if self.class_guidance:
                 generator_loss += guided_term(
                     lambda labels: self.logits(weights, tiled, labels), logits,
-                    tiled_labels, self.shape.num_classes, self.class_guidance)
+                    tiled_labels, self.shape.num_classes, self.class_guidance,
+                    self.class_guidance_form)
         return -tape.gradient(generator_loss, tiled)
 
     def image_gradients(self, weights: tf.Tensor, images: tf.Tensor,

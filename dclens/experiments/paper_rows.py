@@ -116,6 +116,7 @@ class ReproduceOptions:
     learning_rate: float | None = None
     class_guidance: float | None = None
     class_direction_every: int = 0
+    class_guidance_form: str | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -174,6 +175,10 @@ class ReproduceOptions:
                 or not math.isfinite(self.class_guidance) or self.class_guidance < 0):
             raise ReproduceError(f"class_guidance must be a finite number >= 0, got "
                                  f"{self.class_guidance!r}")
+        if self.class_guidance_form is not None and self.class_guidance_form not in {
+                f.value for f in cfg.GuidanceForm}:
+            raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
+                                 f"use one of {[f.value for f in cfg.GuidanceForm]}")
         if self.training_records is not None and self.training_records not in {
                 r.value for r in splits.TrainingRecords}:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
@@ -202,6 +207,11 @@ class ReproduceOptions:
     def available_records(self) -> int:
         """How many records :attr:`records` holds (before ``max_records``)."""
         return len(splits.record_range(TRAIN_RECORDS[self.dataset], self.records))
+
+    @property
+    def margin_guidance(self) -> bool:
+        """Whether the class term is the margin form (:class:`cfg.GuidanceForm`)."""
+        return self.class_guidance_form == cfg.GuidanceForm.MARGIN.value
 
     @property
     def screening(self) -> bool:
@@ -249,6 +259,8 @@ class ReproduceOptions:
             name += f"-lr{self.learning_rate:g}"
         if self.class_guidance:
             name += f"-cg{self.class_guidance:g}"
+            if self.margin_guidance:
+                name += "m"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -387,9 +399,13 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
                           f"{paper.train.learning_rate:g}")
     if options.class_guidance:
         train["class_guidance"] = float(options.class_guidance)
+        if options.margin_guidance:
+            train["class_guidance_form"] = cfg.GuidanceForm.MARGIN
         deviations.append(f"beyond the paper: class guidance {options.class_guidance:g} "
                           f"(each teacher's vote also descends its own label "
-                          f"cross-entropy; the same sensitivity)")
+                          + ("margin, its logit for the label minus its mean over the "
+                             "labels" if options.margin_guidance else "cross-entropy")
+                          + "; the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:

@@ -98,6 +98,8 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("class guidance 1 (each teacher's vote also descends its label "
              "cross-entropy)", {}, class_guidance=1.0),
         _row("class guidance 10", {}, class_guidance=10.0),
+        _row("class guidance 1, margin form (the teachers' terms add up to their summed "
+             "logits' margin)", {}, class_guidance=1.0, class_guidance_form="margin"),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
