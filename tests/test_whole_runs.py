@@ -284,6 +284,9 @@ def test_the_authors_protocol_phase_skips_runs_another_process_claimed(tmp_path,
         ("authors", 0, str(runs[0])), ("dclens", 0, str(runs[1]))])
     monkeypatch.setattr(whole_run_study.evaluate, "load_test", lambda *a, **k: "test")
     monkeypatch.setattr(whole_run_study, "load_synthetic", lambda path, name: (path, "npz"))
+    folders = {"authors": runs[0], "dclens": runs[1]}
+    monkeypatch.setattr(whole_run_study, "samples_of", lambda study, side, index, log: str(
+        folders[side] / "samples.npz"))
 
     def fake_protocol(synthetic, test, protocol, *, seed, state_path, log):
         assert (pathlib.Path(state_path).parent / whole_run_study.CLAIM_FILE).exists()
@@ -338,10 +341,12 @@ def _publish(tmp_path, study, files: dict[str, dict[str, dict]]) -> str:
 
 
 def _fake_runners(monkeypatch, curves_of, calls: list) -> None:
-    """Training replaced by records whose curves ``curves_of(side, seed)`` gives."""
+    """Training replaced by records whose curves ``curves_of(side, seed)`` gives (and an
+    empty samples file, as a run writes its samples)."""
     def runner_for(side):
         def run(repo, config, seed, run_dir, log):
             calls.append((side, seed, run_dir))
+            pathlib.Path(run_dir, "samples.npz").write_bytes(b"")
             return {"side": side, "seed": seed, "curves": curves_of(side, seed),
                     "config": config.to_dict(), "epsilon": 14.19, "steps": 3,
                     "seconds_per_step": 2.0}
@@ -349,34 +354,44 @@ def _fake_runners(monkeypatch, curves_of, calls: list) -> None:
     monkeypatch.setattr(whole_run_study, "RUNNERS", {s: runner_for(s) for s in whole_run.SIDES})
 
 
-def test_restore_copies_finished_runs_and_retrains_the_others_checking_them(
+def test_restore_copies_every_run_and_retrains_a_lost_one_when_a_phase_needs_it(
         tmp_path, monkeypatch):
     study = _restorable_study(tmp_path)
     ours = _published_record(study, "dclens")
     finished = {"run.json": _published_record(study, "authors"),
                 "evaluation.json": {"protocols": {"val": {"accuracy": 0.5}}},
                 "authors_protocol.json": {"accuracy": 0.6}}
+    ours_evaluation = {"protocols": {"val": {"accuracy": 0.4}}}
     published = _publish(tmp_path, study, {
         "authors-0": finished,
-        "dclens-0": {"run.json": ours, "evaluation.json": {"protocols": {"val": {
-            "accuracy": 0.4}}}}})                  # no authors' protocol: not finished
+        "dclens-0": {"run.json": ours, "evaluation.json": ours_evaluation}})  # no protocol
     whole_run_study.open_study(study)
     lines, calls = [], []
     assert whole_run_study.restore(study, published, lines.append) == {
         "finished": ["authors-0"], "retrain": ["dclens-0"], "kept": []}
+    folder = pathlib.Path(study.directory)
+    for file, content in finished.items():
+        assert json.loads((folder / "authors-0" / file).read_text()) == content
+    # The unfinished run's files are there for the summary; nothing trains in phase 1.
+    assert json.loads((folder / "dclens-0" / "evaluation.json").read_text()) == ours_evaluation
     _fake_runners(monkeypatch, lambda side, seed: ours["curves"], calls)
     whole_run_study.train(study, lines.append)
-    folder = pathlib.Path(study.directory)
-    for file, content in finished.items():        # copied, and not trained again
-        assert json.loads((folder / "authors-0" / file).read_text()) == content
+    assert calls == []
+    assert json.loads((folder / "dclens-0" / "run.json").read_text()) == ours
+    # The phase that needs its samples retrains it first, and checks it.
+    path = whole_run_study.samples_of(study, "dclens", 0, lines.append)
+    assert path == str(folder / "dclens-0" / "samples.npz")
     assert [(side, seed) for side, seed, _ in calls] == [("dclens", ours["seed"])]
     record = json.loads((folder / "dclens-0" / "run.json").read_text())
     assert record["reproduction"] == {"of": "expected_run.json", "equal": True,
                                       "first_difference": None}
-    # Same trajectory, same samples: the published evaluation stands for the retrained run.
-    assert json.loads((folder / "dclens-0" / "evaluation.json").read_text()) == {
-        "protocols": {"val": {"accuracy": 0.4}}}
+    # Same trajectory, same samples: the published evaluation stands.
+    assert json.loads((folder / "dclens-0" / "evaluation.json").read_text()) == ours_evaluation
     assert any("reproduces its published run" in line for line in lines)
+    whole_run_study.samples_of(study, "dclens", 0, lines.append)
+    assert len(calls) == 1                                  # samples there: no retraining
+    with pytest.raises(SideBySideError, match="was not restored from a published study"):
+        whole_run_study.samples_of(study, "authors", 0, lines.append)
     # Restoring again keeps what the study now holds.
     assert whole_run_study.restore(study, published, lines.append)["kept"] == [
         "authors-0", "dclens-0"]
@@ -395,7 +410,7 @@ def test_a_retrained_run_that_differs_from_its_published_one_is_evaluated_afresh
     changed["pass_fraction"][1] += 1e-3             # and an earlier one elsewhere
     lines, calls = [], []
     _fake_runners(monkeypatch, lambda side, seed: changed, calls)
-    whole_run_study.train(dataclasses.replace(study, only=("dclens-0",)), lines.append)
+    whole_run_study.samples_of(study, "dclens", 0, lines.append)
     run_dir = pathlib.Path(study.run_dir("dclens", 0))
     record = json.loads((run_dir / "run.json").read_text())
     assert record["reproduction"]["equal"] is False

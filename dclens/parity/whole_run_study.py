@@ -17,8 +17,9 @@ run, ``authors-<i>`` / ``dclens-<i>``.  Work goes in three phases, each resumabl
 Several processes may work on one study at once (each claims the run it trains or
 evaluates with the authors' protocol), or on chosen runs only (``Study.only``).  When the
 study's directory is lost (``runs/`` does not survive a change of machine), :func:`restore`
-seeds a new one from the published reports: finished runs are copied, the others are
-retrained from their seeds and checked step for step against their published records.
+seeds a new one from the published reports: every run's files are copied, and a run whose
+samples a missing phase needs is retrained from its seed first and checked step for step
+against its published record.
 
 :func:`summarize` reads what is finished; :mod:`dclens.parity.whole_run_report` renders it.
 """
@@ -128,7 +129,6 @@ def open_study(study: Study) -> None:
 
 #: A restored run's published records, kept beside its retraining (:func:`restore`).
 EXPECTED_RUN_FILE = "expected_run.json"
-EXPECTED_EVALUATION_FILE = "expected_evaluation.json"
 #: The per-step curves that decide whether a retrained run is its published one (the
 #: step seconds differ between any two runs).
 REPRODUCED_CURVES = ("pass_fraction", "generator_loss", "teacher_loss", "epsilon")
@@ -147,10 +147,11 @@ def restore(study: Study, published: str, log: Callable[[str], None] = print
 
     * A published run with every phase's file is **finished**: its files are copied and
       nothing of it is redone.
-    * Any other published run lost its samples, which its later phases need: it is
-      **retrained** from its own seed.  Its published ``run.json`` (and ``evaluation.json``)
-      are kept beside it as ``expected_run.json`` (``expected_evaluation.json``), and the
-      retrained run is compared with them step by step (:func:`check_reproduction`).
+    * Any other published run (**retrain**) has its files copied too, so the summary
+      holds it, but it lost its samples, which its missing phases need: the first phase
+      that needs them retrains it from its own seed (:func:`samples_of`), checked step by
+      step against the published ``run.json``, kept as ``expected_run.json``
+      (:func:`check_reproduction`).
     * A run the study directory already holds is **kept** as it is.
 
     Every published run must come from this study's configuration and its own seed
@@ -183,33 +184,33 @@ def restore(study: Study, published: str, log: Callable[[str], None] = print
             plan["finished"].append((name, source, target))
         else:
             plan["retrain"].append((name, source, target))
-    for name, source, target in plan["finished"]:
+    for name, source, target in plan["finished"] + plan["retrain"]:
         for file in _phase_files(study):
-            reporting.copy_once(os.path.join(source, file), os.path.join(target, file))
-    for name, source, target in plan["retrain"]:
-        for file, kept_as in ((RUN_FILE, EXPECTED_RUN_FILE),
-                              (EVALUATION_FILE, EXPECTED_EVALUATION_FILE)):
             if _done(os.path.join(source, file)):
-                reporting.copy_once(os.path.join(source, file),
-                                    os.path.join(target, kept_as), replace=True)
+                reporting.copy_once(os.path.join(source, file), os.path.join(target, file),
+                                    replace=True)
+    for name, source, target in plan["retrain"]:
+        reporting.copy_once(os.path.join(source, RUN_FILE),
+                            os.path.join(target, EXPECTED_RUN_FILE), replace=True)
     names = {key: [name for name, _, _ in runs] for key, runs in plan.items()}
     log(f"restored from {published}: finished {', '.join(names['finished']) or 'none'}; "
-        f"to retrain (samples lost) {', '.join(names['retrain']) or 'none'}; kept "
-        f"{', '.join(names['kept']) or 'none'}")
+        f"samples lost, retrained when a phase needs them "
+        f"{', '.join(names['retrain']) or 'none'}; kept {', '.join(names['kept']) or 'none'}")
     return names
 
 
 def check_reproduction(run_dir: str, record: dict[str, Any],
                        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Compares a just-trained run with its published record when it was restored for
-    retraining (``expected_run.json``; otherwise ``record`` is returned as it is).
+    """Compares a just-retrained run with its published record (``expected_run.json``;
+    without one ``record`` is returned as it is).
 
     Equal curves (:data:`REPRODUCED_CURVES`, every step, exactly as JSON stores them)
     mean the same trajectory from the same seed, so the same samples: the published
-    ``evaluation.json`` stands for the retrained run and is put in place.  Any
+    ``evaluation.json`` and ``authors_protocol.json`` stand for the retrained run.  Any
     difference (another CPU kind or oneDNN setting can change TF's round-off) is logged
-    with its first step: the retrained run is then a new run of that seed and is evaluated
-    afresh.  Either way ``record`` gains ``reproduction`` saying which."""
+    with its first step: the retrained run is then a new run of that seed, and the
+    published files of the old one are removed, to be made afresh.  Either way ``record``
+    gains ``reproduction`` saying which."""
     expected_path = os.path.join(run_dir, EXPECTED_RUN_FILE)
     if not os.path.exists(expected_path):
         return record
@@ -234,18 +235,38 @@ def check_reproduction(run_dir: str, record: dict[str, Any],
     name = os.path.basename(os.path.normpath(run_dir))
     record = dict(record, reproduction={"of": EXPECTED_RUN_FILE, "equal": first is None,
                                         "first_difference": first})
-    evaluation = os.path.join(run_dir, EXPECTED_EVALUATION_FILE)
     if first is None:
-        log(f"{name} reproduces its published run step for step ({', '.join(REPRODUCED_CURVES)})")
-        if os.path.exists(evaluation) and not _done(os.path.join(run_dir, EVALUATION_FILE)):
-            reporting.copy_once(evaluation, os.path.join(run_dir, EVALUATION_FILE))
-            log(f"{name}: its published evaluation stands (same samples)")
+        log(f"{name} reproduces its published run step for step "
+            f"({', '.join(REPRODUCED_CURVES)}): its published evaluations stand")
     else:
+        for stale in (EVALUATION_FILE, AUTHORS_PROTOCOL_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(run_dir, stale))
         log(f"WARNING: {name} did NOT reproduce its published run: {first['curve']} at step "
             f"{first['step']} is {first['retrained']!r}, published {first['published']!r} "
             f"(this machine's numerics differ). The retrained run replaces the published "
-            f"one and is evaluated afresh.")
+            f"one; its evaluations are made afresh.")
     return record
+
+
+def samples_of(study: Study, side: str, index: int, log: Callable[[str], None] = print
+               ) -> str:
+    """The path of a trained run's ``samples.npz``; a run restored without them
+    (:func:`restore`) is first retrained from its seed and checked against its published
+    record (:func:`check_reproduction`; its new ``run.json`` is written last)."""
+    run_dir = study.run_dir(side, index)
+    path = os.path.join(run_dir, "samples.npz")
+    if os.path.exists(path):
+        return path
+    if not os.path.exists(os.path.join(run_dir, EXPECTED_RUN_FILE)):
+        raise SideBySideError(f"{path} is missing and {run_dir} was not restored from a "
+                              f"published study: delete {run_dir} to train the run again")
+    seed = run_seed(study.root_seed, side, index)
+    log(f"retraining {side} run {index} (seed {seed}): its samples were lost")
+    record = RUNNERS[side](study.repo, study.config, seed, run_dir, log=log)
+    record = check_reproduction(run_dir, record, log)
+    export.write_json(os.path.join(run_dir, RUN_FILE), record)
+    return path
 
 
 def _done(path: str) -> bool:
@@ -256,8 +277,7 @@ def train(study: Study, log: Callable[[str], None] = print) -> None:
     """Phase 1: every missing run, authors' run i then dclens' run i.
 
     Several processes may train one study's runs at once: each claims a run before it
-    trains it (:func:`claim_run`).  A run restored for retraining (:func:`restore`) is
-    compared with its committed record when it finishes (:func:`check_reproduction`)."""
+    trains it (:func:`claim_run`)."""
     for side, index in study.selected():
         run_dir = study.run_dir(side, index)
         if _done(os.path.join(run_dir, RUN_FILE)):
@@ -269,7 +289,6 @@ def train(study: Study, log: Callable[[str], None] = print) -> None:
             log(f"training {side} run {index} (seed {run_seed(study.root_seed, side, index)})")
             record = RUNNERS[side](study.repo, study.config,
                                    run_seed(study.root_seed, side, index), run_dir, log=log)
-            record = check_reproduction(run_dir, record, log)
             export.write_json(os.path.join(run_dir, RUN_FILE), record)
             log(f"{side} run {index}: {record['steps']} steps, epsilon "
                 f"{record['epsilon']:.4f}, {record['seconds_per_step']:.2f} s per step")
@@ -288,8 +307,14 @@ def _pending(study: Study, name: str, what: str, log: Callable[[str], None]
         target = os.path.join(run_dir, name)
         if _done(target):
             continue
+        with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as claimed:
+            if not claimed:
+                continue
+            samples = samples_of(study, side, index, log)
+        if _done(target):                  # a reproduced run's published file stands
+            continue
         log(f"{what} {side} run {index}")
-        synthetic, kind = load_synthetic(os.path.join(run_dir, "samples.npz"), "fashion_mnist")
+        synthetic, kind = load_synthetic(samples, "fashion_mnist")
         yield run_dir, synthetic, kind, target
 
 
@@ -324,9 +349,14 @@ def authors_protocol_runs(study: Study, *, data_dir: str | None = None,
         with claim_run(run_dir, log) as claimed:
             if not claimed or _done(target):
                 continue
+            with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as training:
+                if not training:
+                    continue
+                samples = samples_of(study, side, index, log)
+            if _done(target):              # a reproduced run's published file stands
+                continue
             log(f"the authors' protocol on {side} run {index}")
-            synthetic, _ = load_synthetic(os.path.join(run_dir, "samples.npz"),
-                                          "fashion_mnist")
+            synthetic, _ = load_synthetic(samples, "fashion_mnist")
             entry = evaluate.run_authors_protocol(
                 synthetic, test, study.authors, seed=study.evaluation.seeds()["init"],
                 state_path=os.path.join(run_dir, "authors_protocol_state.npz"), log=log)
