@@ -299,6 +299,14 @@ def _trained(study: Study) -> list[tuple[str, int, str]]:
             if _done(os.path.join(study.run_dir(side, index), RUN_FILE))]
 
 
+def _claimed_samples(study: Study, side: str, index: int, run_dir: str,
+                     log: Callable[[str], None]) -> str | None:
+    """:func:`samples_of` under the training claim of the run in ``run_dir`` (a
+    retraining is training); None when another process holds it."""
+    with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as claimed:
+        return samples_of(study, side, index, log) if claimed else None
+
+
 def _pending(study: Study, name: str, what: str, log: Callable[[str], None]
              ) -> Iterator[tuple[str, data.LabeledImages, str, str]]:
     """(run folder, its samples, the file to write) for every trained run without
@@ -307,11 +315,8 @@ def _pending(study: Study, name: str, what: str, log: Callable[[str], None]
         target = os.path.join(run_dir, name)
         if _done(target):
             continue
-        with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as claimed:
-            if not claimed:
-                continue
-            samples = samples_of(study, side, index, log)
-        if _done(target):                  # a reproduced run's published file stands
+        samples = _claimed_samples(study, side, index, run_dir, log)
+        if samples is None or _done(target):   # a reproduced run's published file stands
             continue
         log(f"{what} {side} run {index}")
         synthetic, kind = load_synthetic(samples, "fashion_mnist")
@@ -349,11 +354,8 @@ def authors_protocol_runs(study: Study, *, data_dir: str | None = None,
         with claim_run(run_dir, log) as claimed:
             if not claimed or _done(target):
                 continue
-            with claim_run(run_dir, log, TRAIN_CLAIM_FILE) as training:
-                if not training:
-                    continue
-                samples = samples_of(study, side, index, log)
-            if _done(target):              # a reproduced run's published file stands
+            samples = _claimed_samples(study, side, index, run_dir, log)
+            if samples is None or _done(target):   # a reproduced run's file stands
                 continue
             log(f"the authors' protocol on {side} run {index}")
             synthetic, _ = load_synthetic(samples, "fashion_mnist")
