@@ -187,14 +187,16 @@ def test_bad_guidance_is_refused_by_name():
     assert DataLensConfig.from_dict(margin.to_dict()) == margin
 
 
-def test_one_teachers_records_swapped_move_only_its_own_guided_vote():
+@pytest.mark.parametrize("form", ["cross_entropy", "margin"])
+def test_one_teachers_records_swapped_move_only_its_own_guided_vote(form):
     """Neighbouring data sets: every record of teacher 0 replaced (noise images, other
     labels). After one step of training, teacher 1 (in the same chunk) has bit-equal
     weights and guided gradients; the vote sum moves by at most 2 sqrt(k) per image."""
     topk = 30
     config = DataLensConfig(
         train=TrainConfig(num_teachers=2, batch_size=4, d_step=1, pretrain_teacher=1,
-                          z_dim=8, teacher_chunk=2, num_samples=10, class_guidance=1.0),
+                          z_dim=8, teacher_chunk=2, num_samples=10, class_guidance=1.0,
+                          class_guidance_form=GuidanceForm(form)),
         topagg=TopAggConfig(topk=topk, sigma=5.0, thresh=0.2, max_grad=1e-5),
         budget=BudgetConfig(max_eps=1e6))
     first = synthetic_fashion_mnist(16)
