@@ -182,6 +182,9 @@ def test_bad_guidance_is_refused_by_name():
     with pytest.raises(ValueError, match="'hinge' is not a valid GuidanceForm"):
         teachers.TeacherEnsemble(SHAPE, learning_rate=1e-3, beta1=0.5,
                                  class_guidance_form="hinge")
+    with pytest.raises(ValueError, match="chooses the class term of class_guidance, "
+                                         "which is 0"):
+        TrainConfig(class_guidance_form=GuidanceForm.MARGIN)
     margin = DataLensConfig(train=TrainConfig(class_guidance=0.5,
                                               class_guidance_form=GuidanceForm.MARGIN))
     assert DataLensConfig.from_dict(margin.to_dict()) == margin

@@ -111,10 +111,10 @@ class ClassDirectionLog:
             return
         lens = self.lens_ref[0]
         weights = tf.constant(lens.bank.weights)
-        grads = [lens.ensemble.image_gradients(weights[i:i + self.teacher_chunk], images,
-                                               one_hot).numpy()
-                 for i in range(0, int(weights.shape[0]), self.teacher_chunk)]
-        mean = np.concatenate(grads).mean(axis=0)                          # [B, H, W, C]
+        mean = sum(lens.ensemble.image_gradients(weights[i:i + self.teacher_chunk], images,
+                                                 one_hot).numpy().sum(axis=0)
+                   for i in range(0, int(weights.shape[0]), self.teacher_chunk)
+                   ) / int(weights.shape[0])                               # [B, H, W, C]
         direction = class_direction(lens.ensemble, weights, images, one_hot,
                                     teacher_chunk=self.teacher_chunk).numpy()
         votes = np.asarray(vote_sum, np.float64).reshape(len(mean), -1)

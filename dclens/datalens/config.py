@@ -23,7 +23,8 @@ from dclens.common.field_checks import is_finite_number, is_int
 
 
 class GuidanceForm(str, enum.Enum):
-    """The class term a guided teacher also descends (:func:`dclens.datalens.teachers.class_guidance_loss`)."""
+    """The class term a guided teacher also descends
+    (:func:`dclens.datalens.teachers.class_guidance_loss`)."""
 
     CROSS_ENTROPY = "cross_entropy"   # its own softmax over the K labels
     MARGIN = "margin"                 # its own logit minus its mean over the K labels
@@ -315,10 +316,10 @@ class TrainConfig:
         (:func:`dclens.datalens.teachers.class_guidance_loss`); K forward passes per query.
         Still a function of that teacher's partition and the public fake batch, so the
         vote's sensitivity and the ledger are unchanged.  0 (the default): the paper's.
-      class_guidance_form: the class term (:class:`dclens.datalens.teachers.GuidanceForm`):
+      class_guidance_form: the class term of ``class_guidance`` (:class:`GuidanceForm`):
         ``cross_entropy`` (the default) or ``margin`` (a teacher's logit for the label minus
         its mean over the labels; linear, so the teachers' terms add up to the summed
-        logits' margin).
+        logits' margin).  ``margin`` needs ``class_guidance`` > 0.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -371,6 +372,11 @@ class TrainConfig:
         _require(is_finite_number(self.class_guidance) and self.class_guidance >= 0,
                  f"class_guidance must be a finite number >= 0 (0: the paper's teachers; "
                  f"e.g. 1.0), got {self.class_guidance!r}")
+        _require(self.class_guidance_form is GuidanceForm.CROSS_ENTROPY
+                 or self.class_guidance > 0,
+                 f"class_guidance_form={self.class_guidance_form.value!r} chooses the class "
+                 f"term of class_guidance, which is 0 (off): set class_guidance > 0 too "
+                 f"(e.g. 1.0), or drop the form")
         _require(is_int(self.class_direction_every) and self.class_direction_every >= 0,
                  f"class_direction_every must be an integer >= 0 (0: off; e.g. 10), got "
                  f"{self.class_direction_every!r}")

@@ -397,10 +397,10 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: learning rate {options.learning_rate:g} "
                           f"(teachers, generator and the voted update's step) instead of "
                           f"{paper.train.learning_rate:g}")
+    if options.margin_guidance:        # refused by TrainConfig without class_guidance
+        train["class_guidance_form"] = cfg.GuidanceForm.MARGIN
     if options.class_guidance:
         train["class_guidance"] = float(options.class_guidance)
-        if options.margin_guidance:
-            train["class_guidance_form"] = cfg.GuidanceForm.MARGIN
         deviations.append(f"beyond the paper: class guidance {options.class_guidance:g} "
                           f"(each teacher's vote also descends its own label "
                           + ("margin, its logit for the label minus its mean over the "

@@ -217,21 +217,15 @@ def check_reproduction(run_dir: str, record: dict[str, Any],
     with open(expected_path) as stream:
         expected = json.load(stream)
     mine = json.loads(json.dumps(record["curves"]))
-    first = None
+    first = None                       # the earliest differing step over the curves
     for name in REPRODUCED_CURVES:
-        theirs, ours = expected["curves"].get(name), mine.get(name)
-        if ours == theirs:
-            continue
-        if not (isinstance(ours, list) and isinstance(theirs, list)):
-            first = {"curve": name, "step": None, "published": theirs, "retrained": ours}
-            break
+        theirs, ours = expected["curves"].get(name, []), mine.get(name, [])
         step = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
                     min(len(ours), len(theirs)))
-        candidate = {"curve": name, "step": step + 1,
+        if ours != theirs and (first is None or step + 1 < first["step"]):
+            first = {"curve": name, "step": step + 1,
                      "published": theirs[step] if step < len(theirs) else None,
                      "retrained": ours[step] if step < len(ours) else None}
-        if first is None or candidate["step"] < first["step"]:
-            first = candidate
     name = os.path.basename(os.path.normpath(run_dir))
     record = dict(record, reproduction={"of": EXPECTED_RUN_FILE, "equal": first is None,
                                         "first_difference": first})
