@@ -19,9 +19,10 @@
 // dclens/datalens/fast_ensemble.py: conv(x ++ y-maps, W) = conv(x, W_x) + sum_k y_k M_k with
 // M_k[p, o] = sum of W_y[tap, k, o] over the taps of output p inside the image.
 //
-// Each teacher is computed by one thread (the callers spread teachers over threads) with
-// Eigen's single-threaded GEMM on im2col patches, so results do not depend on the number of
-// threads: the same inputs give the same bits on the same machine and build.  The math is
+// Each teacher is computed by one thread (the callers spread teachers over threads) with a
+// single-threaded GEMM on im2col patches (ops/small_gemm.h on AVX2/FMA builds without
+// AVX-512, Eigen's elsewhere), so results do not depend on the number of threads: the
+// same inputs give the same bits on the same machine and build.  The math is
 // the reference's; the float32 rounding differs from TF's kernels (tests compare within
 // stated tolerances). Adam is the formula of TF's ApplyAdam:
 //   alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t); m += (g - m)(1 - beta1);
@@ -43,6 +44,7 @@
 // scalar tail, so a teacher's result does not depend on where it sits in its chunk.
 #define EIGEN_FAST_MATH 0
 #include "Eigen/Core"
+#include "small_gemm.h"
 #include "teacher_step_profile.h"
 
 namespace dclens {
@@ -412,10 +414,14 @@ class Discriminator {
     FoldLabels(p + g.k0, conv0_, taps0_, m0_.data());
     if (!same_images)
       Im2Col(x, g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, p0_.data());
-    ColMatrixMap z0_col(col_.data(), rows0_, g.c0);
-    z0_col.noalias() = ConstMatrixMap(p0_.data(), rows0_, int64_t{kTaps} * g.c) *
-                       ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0);
-    MatrixMap(z0_.data(), rows0_, g.c0) = z0_col;
+    const int64_t taps0 = int64_t{kTaps} * g.c, taps1 = int64_t{kTaps} * g.c0;
+    Product(rows0_, g.c0, taps0, {p0_.data(), taps0, 1}, {w0x_.data(), g.c0, 1},
+            {z0_.data(), g.c0, 1}, [&] {
+              ColMatrixMap z0_col(col_.data(), rows0_, g.c0);
+              z0_col.noalias() = ConstMatrixMap(p0_.data(), rows0_, taps0) *
+                                 ConstMatrixMap(w0x_.data(), taps0, g.c0);
+              MatrixMap(z0_.data(), rows0_, g.c0) = z0_col;
+            });
     AddLabelAndBias(m0_.data(), p + g.b0, y, int64_t{g.h1} * g.w1, g.c0, z0_.data());
     LeakyRelu(z0_.data(), rows0_ * g.c0, slope_, a0_.data());
     DCLENS_LAP(profile::kConv0Forward);
@@ -424,19 +430,25 @@ class Discriminator {
     FoldLabels(p + g.k1, conv1_, taps1_, m1_.data());
     Im2Col(a0_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, p1_.data());
     DCLENS_LAP(profile::kConv1Im2Col);
-    ColMatrixMap z1_col(col_.data(), rows1_, g.c1);
-    z1_col.noalias() = ConstMatrixMap(p1_.data(), rows1_, int64_t{kTaps} * g.c0) *
-                       ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1);
-    MatrixMap(xhat1_.data(), rows1_, g.c1) = z1_col;
+    Product(rows1_, g.c1, taps1, {p1_.data(), taps1, 1}, {w1x_.data(), g.c1, 1},
+            {xhat1_.data(), g.c1, 1}, [&] {
+              ColMatrixMap z1_col(col_.data(), rows1_, g.c1);
+              z1_col.noalias() = ConstMatrixMap(p1_.data(), rows1_, taps1) *
+                                 ConstMatrixMap(w1x_.data(), taps1, g.c1);
+              MatrixMap(xhat1_.data(), rows1_, g.c1) = z1_col;
+            });
     DCLENS_LAP(profile::kConv1Gemm);
     AddLabelAndBias(m1_.data(), p + g.b1, y, int64_t{g.h2} * g.w2, g.c1, xhat1_.data());
     BatchNormForward(g.groups, rows1_, g.c1, bn_epsilon_, slope_, p + g.g1, p + g.be1,
                      xhat1_.data(), u1_.data(), a1_.data(), rstd1_.data());
     DCLENS_LAP(profile::kBatchNorm1Forward);
     // dense2 on [flatten, y] + bias, batch norm, lrelu
-    MatrixMap z2(xhat2_.data(), g.n, g.dense);
-    z2.noalias() = ConstMatrixMap(a1_.data(), g.n, g.flat) *
-                   ConstMatrixMap(p + g.k2, g.flat, g.dense);
+    Product(g.n, g.dense, g.flat, {a1_.data(), g.flat, 1}, {p + g.k2, g.dense, 1},
+            {xhat2_.data(), g.dense, 1}, [&] {
+              MatrixMap(xhat2_.data(), g.n, g.dense).noalias() =
+                  ConstMatrixMap(a1_.data(), g.n, g.flat) *
+                  ConstMatrixMap(p + g.k2, g.flat, g.dense);
+            });
     DCLENS_LAP(profile::kDense2Gemm);
     for (int b = 0; b < g.n; ++b) {
       const float* label_row = p + g.k2 + (g.flat + y[b]) * g.dense;
@@ -487,8 +499,11 @@ class Discriminator {
     DCLENS_LAP(profile::kBatchNorm2Backward);
     ConstMatrixMap dz2(d2_.data(), g.n, g.dense);
     if (grad != nullptr) {
-      MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
-          ConstMatrixMap(a1_.data(), g.n, g.flat).transpose() * dz2;
+      Product(g.flat, g.dense, g.n, {a1_.data(), 1, g.flat}, {d2_.data(), g.dense, 1},
+              {grad + g.k2, g.dense, 1}, [&] {
+                MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
+                    ConstMatrixMap(a1_.data(), g.n, g.flat).transpose() * dz2;
+              });
       for (int b = 0; b < g.n; ++b) {
         float* label_row = grad + g.k2 + (g.flat + y[b]) * g.dense;
         for (int d = 0; d < g.dense; ++d) {
@@ -499,8 +514,11 @@ class Discriminator {
     }
     DCLENS_LAP(profile::kDense2KernelGradient);
     // -> da1, batch norm 1 and lrelu -> dz1 (in d1_)
-    MatrixMap(d1_.data(), g.n, g.flat).noalias() =
-        dz2 * ConstMatrixMap(p + g.k2, g.flat, g.dense).transpose();
+    Product(g.n, g.flat, g.dense, {d2_.data(), g.dense, 1}, {p + g.k2, 1, g.dense},
+            {d1_.data(), g.flat, 1}, [&] {
+              MatrixMap(d1_.data(), g.n, g.flat).noalias() =
+                  dz2 * ConstMatrixMap(p + g.k2, g.flat, g.dense).transpose();
+            });
     DCLENS_LAP(profile::kDense2InputGradient);
     float* dgamma1 = grad != nullptr ? grad + g.g1 : Scratch(&scratch_gamma, g.c1);
     float* dbeta1 = grad != nullptr ? grad + g.be1 : Scratch(&scratch_beta, g.c1);
@@ -514,8 +532,12 @@ class Discriminator {
     }
     DCLENS_LAP(profile::kConv1KernelGradient);
     // -> da0 via the patches' gradient, lrelu -> dz0 (in d0_)
-    MatrixMap dp1(dp_.data(), rows1_, int64_t{kTaps} * g.c0);
-    dp1.noalias() = dz1 * ConstMatrixMap(w1x_.data(), int64_t{kTaps} * g.c0, g.c1).transpose();
+    const int64_t taps1 = int64_t{kTaps} * g.c0;
+    Product(rows1_, taps1, g.c1, {d1_.data(), g.c1, 1}, {w1x_.data(), 1, g.c1},
+            {dp_.data(), taps1, 1}, [&] {
+              MatrixMap(dp_.data(), rows1_, taps1).noalias() =
+                  dz1 * ConstMatrixMap(w1x_.data(), taps1, g.c1).transpose();
+            });
     DCLENS_LAP(profile::kConv1PatchGradient);
     Col2Im(dp_.data(), g.n, g.h1, g.w1, g.c0, g.h2, g.w2, g.pad1_top, g.pad1_left, d0_.data());
     LeakyReluGradient(z0_.data(), rows0_ * g.c0, slope_, d0_.data());
@@ -525,13 +547,32 @@ class Discriminator {
     }
     DCLENS_LAP(profile::kConv0Backward);
     if (dx != nullptr) {
-      MatrixMap dp0(dp_.data(), rows0_, int64_t{kTaps} * g.c);
-      dp0.noalias() = dz0 * ConstMatrixMap(w0x_.data(), int64_t{kTaps} * g.c, g.c0).transpose();
+      const int64_t taps0 = int64_t{kTaps} * g.c;
+      Product(rows0_, taps0, g.c0, {d0_.data(), g.c0, 1}, {w0x_.data(), 1, g.c0},
+              {dp_.data(), taps0, 1}, [&] {
+                MatrixMap(dp_.data(), rows0_, taps0).noalias() =
+                    dz0 * ConstMatrixMap(w0x_.data(), taps0, g.c0).transpose();
+              });
       Col2Im(dp_.data(), g.n, g.h, g.w, g.c, g.h1, g.w1, g.pad0_top, g.pad0_left, dx);
     }
   }
 
  private:
+  // C [m, n] = A [m, k] B [k, n] (strided views) with this build's GEMM: ops/small_gemm.h
+  // where it is built (AVX2/FMA without AVX-512: every element one fma chain over k, in
+  // order), else `eigen`, the Eigen product the kernel has always used (its bits unchanged).
+  template <class EigenProduct>
+  void Product(int64_t m, int64_t n, int64_t k, small_gemm::Matrix a, small_gemm::Matrix b,
+               small_gemm::Output c, EigenProduct&& eigen) {
+#ifdef DCLENS_SMALL_GEMM
+    (void)eigen;
+    small_gemm::Multiply(m, n, k, a, b, c, &pack_);
+#else
+    (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
+    eigen();
+#endif
+  }
+
   static float* Scratch(std::vector<float>* buffer, int size) {
     buffer->assign(size, 0.0f);
     return buffer->data();
@@ -554,9 +595,12 @@ class Discriminator {
                       const RowMatrix& taps, int64_t rows, const int32_t* y,
                       float* kernel_grad, float* bias_grad) {
     const int64_t taps_in = int64_t{kTaps} * s.ci;
-    ColMatrixMap image_grad_col(col_.data(), taps_in, s.co);
-    image_grad_col.noalias() = ConstMatrixMap(patches, rows, taps_in).transpose() * dz;
-    MatrixMap(kgrad_.data(), taps_in, s.co) = image_grad_col;
+    Product(taps_in, s.co, rows, {patches, 1, taps_in}, {dz.data(), s.co, 1},
+            {kgrad_.data(), s.co, 1}, [&] {
+              ColMatrixMap image_grad_col(col_.data(), taps_in, s.co);
+              image_grad_col.noalias() = ConstMatrixMap(patches, rows, taps_in).transpose() * dz;
+              MatrixMap(kgrad_.data(), taps_in, s.co) = image_grad_col;
+            });
     ScatterImageKernel(kgrad_.data(), s, kernel_grad);
     const int64_t positions = int64_t{s.ho} * s.wo;
     const int k = s.k, co = s.co;
@@ -579,7 +623,7 @@ class Discriminator {
   int64_t rows0_ = 0, rows1_ = 0;
   std::vector<float> w0x_, w1x_, m0_, m1_, p0_, z0_, a0_, p1_, xhat1_, u1_, a1_, rstd1_;
   std::vector<float> xhat2_, u2_, a2_, rstd2_, logits_, d2_, d1_, dp_, d0_, kgrad_, label_sum_;
-  std::vector<float> grad_, col_;
+  std::vector<float> grad_, col_, pack_;
 };
 
 // TF's ApplyAdam formula on one teacher's P parameters: reads (w, m, v) from `from_*` and
