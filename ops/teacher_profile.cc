@@ -3,7 +3,9 @@
 // shapes with its section timers compiled in (DCLENS_TEACHER_PROFILE,
 // teacher_step_profile.h) and prints one JSON object: seconds per teacher step of each
 // section, its share, the GEMM sections' GFLOP/s, and the same run's single-thread Eigen
-// GEMM peak (a 1024^3 float32 product, the best of its repeats) to compare them with.
+// GEMM peak (a 1024^3 float32 product, the best of its repeats) to compare them with, and
+// which GEMM the kernel uses on this build (ops/small_gemm.h, made for the teacher's small
+// shapes, or Eigen's).
 //
 //   make -C ops teacher-profile && ops/build/teacher_profile [--teachers T] [--batch B]
 //       [--steps S] [--repeats R] [--dense D] [--seed N]
@@ -87,6 +89,7 @@ double GemmPeak(int n, int repeats, std::mt19937* rng) {
   if (!std::isfinite(c(0, 0))) std::fprintf(stderr, "teacher_profile: non-finite GEMM\n");
   return best;
 }
+
 
 // Multiply-adds x 2 of each GEMM section of one pass (n images).
 std::vector<double> SectionFlops(const ts::Geometry& g, bool training) {
@@ -183,6 +186,11 @@ int main(int argc, char** argv) {
               options.teachers, options.batch, options.steps, options.repeats,
               static_cast<long long>(P));
   std::printf("  \"single_thread_gemm_peak_gflops\": %.3f,\n", peak);
+#ifdef DCLENS_SMALL_GEMM
+  std::printf("  \"kernel_gemm\": \"small_gemm\",\n");
+#else
+  std::printf("  \"kernel_gemm\": \"eigen\",\n");
+#endif
   Report("training_step", train, true, train_passes, train_wall, peak, false);
 
   ts::ImageGradients(query, network, w.data(), x.data(), yq.data(), grads.data(), 0, T);

@@ -52,6 +52,13 @@ def test_the_profile_sections_tile_the_step_and_count_the_networks_gemms(harness
         math.prod(shape) for _, shape in
         networks.discriminator_weight_shapes(networks.ImageShape(28, 28, 1, 10)))
     assert report["single_thread_gemm_peak_gflops"] > 0
+    # The kernel's GEMM follows the CPU the harness was built for (ops/small_gemm.h).
+    cpu = pathlib.Path("/proc/cpuinfo")
+    if cpu.exists():
+        flags = set(next((line.split(":", 1)[1].split() for line in
+                          cpu.read_text().splitlines() if line.startswith("flags")), []))
+        small = {"avx2", "fma"} <= flags and "avx512f" not in flags
+        assert report["kernel_gemm"] == ("small_gemm" if small else "eigen")
     for name, images, training, passes in (("training_step", 8, True, 2 * 2 * 2),
                                            ("image_gradient_query", 4, False, 2 * 2)):
         part = report[name]
