@@ -34,9 +34,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 // Exact vectorised sqrt (Eigen's fast-math sqrt is an approximation): with FMA contraction
@@ -353,6 +355,40 @@ inline void BatchNormBackward(int groups, int64_t rows, int cols, float slope, c
   }
 }
 
+// TF's ApplyAdam formula on one teacher's P parameters: reads (w, m, v) from `from_*` and
+// writes them to `to_*` (the same arrays for an update in place; element i only touches
+// index i, so the loop is vectorised either way).
+inline void AdamUpdate(int64_t size, const float* grad, float alpha, float one_minus_beta1,
+                float one_minus_beta2, float epsilon, const float* from_w, const float* from_m,
+                const float* from_v, float* to_w, float* to_m, float* to_v) {
+  using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
+  using Array = Eigen::Map<Eigen::ArrayXf>;
+  constexpr int64_t kBlock = 1024;   // three passes over a block that stays in L1
+  for (int64_t at = 0; at < size; at += kBlock) {
+    const int64_t n = std::min(kBlock, size - at);
+    ConstArray g(grad + at, n);
+    Array m(to_m + at, n), v(to_v + at, n);
+    m = ConstArray(from_m + at, n) + (g - ConstArray(from_m + at, n)) * one_minus_beta1;
+    v = ConstArray(from_v + at, n) + (g.square() - ConstArray(from_v + at, n)) * one_minus_beta2;
+    Array(to_w + at, n) = ConstArray(from_w + at, n) - alpha * m / (v.sqrt() + epsilon);
+  }
+}
+
+// One Adam step of one teacher (the arguments of AdamUpdate), applied to a range of its
+// parameters at a time: element i of the update reads grad[i] and the moments of i only,
+// so updating the parameters range by range gives the bits of one whole pass.
+struct AdamStep {
+  float alpha, one_minus_beta1, one_minus_beta2, epsilon;
+  const float *from_w, *from_m, *from_v;
+  float *w, *m, *v;
+
+  // Parameters [begin, begin + count) with their gradient at grad[0 .. count).
+  void Apply(int64_t begin, int64_t count, const float* grad) const {
+    AdamUpdate(count, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, from_w + begin,
+               from_m + begin, from_v + begin, w + begin, m + begin, v + begin);
+  }
+};
+
 // One teacher's forward and backward pass; buffers are reused across teachers of a thread.
 class Discriminator {
  public:
@@ -391,6 +427,11 @@ class Discriminator {
   }
 
   const std::vector<float>& logits() const { return logits_; }
+
+  // [begin, end) of the parameters that Backward with `adam` updates itself.
+  std::pair<int64_t, int64_t> DenseImageRows() const {
+    return {g_.k2, g_.k2 + g_.flat * g_.dense};
+  }
 
   // A [P] buffer for this thread's parameter gradients (allocated at the first use).
   float* GradientBuffer() {
@@ -468,10 +509,19 @@ class Discriminator {
   }
 
   // Backward from dL/dlogit [n].  grad (size P), if not null, receives dL/dparameters;
-  // dx [n, h, w, c], if not null, receives dL/dx.
+  // dx [n, h, w, c], if not null, receives dL/dx.  `adam` (with grad): dense2's image rows
+  // of the kernel, 95% of the parameters, get their Adam step here, a block of rows at a
+  // time straight from the GEMM while the block is in cache (after dz2 W^T has read the
+  // old weights); their gradient is not written to grad, and the caller updates the rest
+  // (DenseImageRows() tells which range is done).  Only where the GEMM is small_gemm:
+  // there a block's entries are the same fma chains as the whole product's, so the bits
+  // are those of the unfused step.
   void Backward(const float* p, const int32_t* y, const float* dlogit, float* grad,
-                float* dx) {
+                float* dx, const AdamStep* adam = nullptr) {
     const Geometry& g = g_;
+#ifndef DCLENS_SMALL_GEMM
+    if (adam != nullptr) std::abort();   // callers fuse only on small_gemm builds
+#endif
     if (grad != nullptr) {
       // Assigned below: the conv kernels and dense2's image rows; accumulated: the rest.
       std::fill(grad + g.b0, grad + g.k1, 0.0f);
@@ -499,11 +549,12 @@ class Discriminator {
     DCLENS_LAP(profile::kBatchNorm2Backward);
     ConstMatrixMap dz2(d2_.data(), g.n, g.dense);
     if (grad != nullptr) {
-      Product(g.flat, g.dense, g.n, {a1_.data(), 1, g.flat}, {d2_.data(), g.dense, 1},
-              {grad + g.k2, g.dense, 1}, [&] {
-                MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
-                    ConstMatrixMap(a1_.data(), g.n, g.flat).transpose() * dz2;
-              });
+      if (adam == nullptr)
+        Product(g.flat, g.dense, g.n, {a1_.data(), 1, g.flat}, {d2_.data(), g.dense, 1},
+                {grad + g.k2, g.dense, 1}, [&] {
+                  MatrixMap(grad + g.k2, g.flat, g.dense).noalias() =
+                      ConstMatrixMap(a1_.data(), g.n, g.flat).transpose() * dz2;
+                });
       for (int b = 0; b < g.n; ++b) {
         float* label_row = grad + g.k2 + (g.flat + y[b]) * g.dense;
         for (int d = 0; d < g.dense; ++d) {
@@ -520,6 +571,20 @@ class Discriminator {
                   dz2 * ConstMatrixMap(p + g.k2, g.flat, g.dense).transpose();
             });
     DCLENS_LAP(profile::kDense2InputGradient);
+#ifdef DCLENS_SMALL_GEMM
+    if (grad != nullptr && adam != nullptr) {
+      constexpr int64_t kRows = 48;   // a block's gradient: 48 x 256 floats, in L2
+      block_grad_.resize(static_cast<size_t>(kRows * g.dense));
+      for (int64_t r0 = 0; r0 < g.flat; r0 += kRows) {
+        const int64_t rows = std::min(kRows, g.flat - r0);
+        small_gemm::Multiply(rows, g.dense, g.n, {a1_.data() + r0, 1, g.flat},
+                             {d2_.data(), g.dense, 1}, {block_grad_.data(), g.dense, 1}, &pack_);
+        DCLENS_LAP(profile::kDense2KernelGradient);
+        adam->Apply(g.k2 + r0 * g.dense, rows * g.dense, block_grad_.data());
+        DCLENS_LAP(profile::kAdam);
+      }
+    }
+#endif
     float* dgamma1 = grad != nullptr ? grad + g.g1 : Scratch(&scratch_gamma, g.c1);
     float* dbeta1 = grad != nullptr ? grad + g.be1 : Scratch(&scratch_beta, g.c1);
     BatchNormBackward(g.groups, rows1_, g.c1, slope_, p + g.g1, xhat1_.data(), u1_.data(),
@@ -623,27 +688,8 @@ class Discriminator {
   int64_t rows0_ = 0, rows1_ = 0;
   std::vector<float> w0x_, w1x_, m0_, m1_, p0_, z0_, a0_, p1_, xhat1_, u1_, a1_, rstd1_;
   std::vector<float> xhat2_, u2_, a2_, rstd2_, logits_, d2_, d1_, dp_, d0_, kgrad_, label_sum_;
-  std::vector<float> grad_, col_, pack_;
+  std::vector<float> grad_, col_, pack_, block_grad_;
 };
-
-// TF's ApplyAdam formula on one teacher's P parameters: reads (w, m, v) from `from_*` and
-// writes them to `to_*` (the same arrays for an update in place; element i only touches
-// index i, so the loop is vectorised either way).
-inline void AdamUpdate(int64_t size, const float* grad, float alpha, float one_minus_beta1,
-                float one_minus_beta2, float epsilon, const float* from_w, const float* from_m,
-                const float* from_v, float* to_w, float* to_m, float* to_v) {
-  using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
-  using Array = Eigen::Map<Eigen::ArrayXf>;
-  constexpr int64_t kBlock = 1024;   // three passes over a block that stays in L1
-  for (int64_t at = 0; at < size; at += kBlock) {
-    const int64_t n = std::min(kBlock, size - at);
-    ConstArray g(grad + at, n);
-    Array m(to_m + at, n), v(to_v + at, n);
-    m = ConstArray(from_m + at, n) + (g - ConstArray(from_m + at, n)) * one_minus_beta1;
-    v = ConstArray(from_v + at, n) + (g.square() - ConstArray(from_v + at, n)) * one_minus_beta2;
-    Array(to_w + at, n) = ConstArray(from_w + at, n) - alpha * m / (v.sqrt() + epsilon);
-  }
-}
 
 // Discriminators (with their buffers, ~10 MB for 28x28) kept across calls and threads: the
 // C entry points start fresh threads every call, so a thread-local cache would allocate
@@ -760,14 +806,23 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
         dlogit[b] = Sigmoid(logit[b]) / half;
       }
       losses[t] = static_cast<float>(real / half + fake / half);
-      net.Backward(from_w, yt, dlogit.data(), grad, nullptr);
       const double step = static_cast<double>(adam.first_step + s + 1);
       const float beta1_power = static_cast<float>(std::pow(double{adam.beta1}, step));
       const float beta2_power = static_cast<float>(std::pow(double{adam.beta2}, step));
       const float alpha =
           adam.learning_rate * std::sqrt(1.0f - beta2_power) / (1.0f - beta1_power);
-      AdamUpdate(g.size, grad, alpha, 1.0f - adam.beta1, 1.0f - adam.beta2, adam.epsilon,
-                 from_w, from_m, from_v, w, m, v);
+      const AdamStep update{alpha, 1.0f - adam.beta1, 1.0f - adam.beta2, adam.epsilon,
+                            from_w, from_m, from_v, w, m, v};
+#ifdef DCLENS_SMALL_GEMM
+      // dense2's image rows are updated inside Backward (fused with their gradient).
+      net.Backward(from_w, yt, dlogit.data(), grad, nullptr, &update);
+      const auto [fused_begin, fused_end] = net.DenseImageRows();
+      update.Apply(0, fused_begin, grad);
+      update.Apply(fused_end, g.size - fused_end, grad + fused_end);
+#else
+      net.Backward(from_w, yt, dlogit.data(), grad, nullptr);
+      update.Apply(0, g.size, grad);
+#endif
       DCLENS_LAP(profile::kAdam);
     }
   }
