@@ -10,8 +10,9 @@
 // in exactly this order (fma: one rounding, as std::fma), whatever the shapes, strides,
 // tile or orientation: the register tile carries acc across the k blocks (it reloads C,
 // written after the previous block, as the chain's running value), a short tile's
-// padding rows and columns only ever meet their own accumulators (never stored), and fma(a, b, acc) = fma(b, a, acc) lets
-// the driver compute C^T = B^T A^T instead when that wastes less of the tile.  So the
+// padding rows and columns only ever meet their own accumulators (never stored), and
+// fma(a, b, acc) = fma(b, a, acc) lets the driver compute C^T = B^T A^T instead when that
+// wastes less of the tile.  So the
 // result is that of the plain triple loop above (small_gemm_check.cc checks it bit for bit),
 // and it depends neither on the machine's number of threads nor on where a teacher sits in
 // its chunk.
