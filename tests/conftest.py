@@ -8,7 +8,11 @@ differs.  tests/test_teacher_conv.py runs a job with oneDNN off and on in subpro
 
 import gzip
 import os
+import pathlib
+import shutil
 import struct
+import subprocess
+import sys
 
 from dclens.common import tf_env
 
@@ -92,3 +96,18 @@ def tiny_fmnist_dir(tmp_path_factory):
         write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
     return root
+
+
+#: The ops folder; its harnesses (make targets) are built per test module.
+OPS = pathlib.Path(__file__).resolve().parents[1] / "ops"
+#: Tests of the C++ harnesses need a compiler (scripts/setup.sh installs g++ and make).
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("make") is None,
+                                    reason="needs g++ and make (scripts/setup.sh installs them)")
+
+
+def build_ops_harness(tmp_path_factory, target: str, executable: str) -> pathlib.Path:
+    """Builds ``make -C ops <target>`` into a fresh folder; returns the executable."""
+    build = tmp_path_factory.mktemp(f"{target}-build")
+    subprocess.run(["make", "-s", "-C", str(OPS), target, f"BUILD={build}",
+                    f"PYTHON={sys.executable}"], check=True, capture_output=True, text=True)
+    return build / executable

@@ -14,17 +14,14 @@ silently fell back would fail here).
 
 import json
 import pathlib
-import shutil
 import subprocess
-import sys
 
 import pytest
 
+from conftest import build_ops_harness, needs_compiler
+
 from dclens.datalens import networks
 
-OPS = pathlib.Path(__file__).resolve().parents[1] / "ops"
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("make") is None,
-                                    reason="needs g++ and make (scripts/setup.sh installs them)")
 
 
 def _cpu_flags() -> set[str]:
@@ -40,10 +37,7 @@ def _cpu_flags() -> set[str]:
 
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory):
-    build = tmp_path_factory.mktemp("gemm-build")
-    subprocess.run(["make", "-s", "-C", str(OPS), "small-gemm-check", f"BUILD={build}",
-                    f"PYTHON={sys.executable}"], check=True, capture_output=True, text=True)
-    return build / "small_gemm_check"
+    return build_ops_harness(tmp_path_factory, "small-gemm-check", "small_gemm_check")
 
 
 def _run(checker, *argv):

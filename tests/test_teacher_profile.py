@@ -10,25 +10,19 @@ shapes, independently of the C++).
 import json
 import math
 import pathlib
-import shutil
 import subprocess
-import sys
 
 import pytest
 
+from conftest import build_ops_harness, needs_compiler
+
 from dclens.datalens import networks
 
-OPS = pathlib.Path(__file__).resolve().parents[1] / "ops"
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("make") is None,
-                                    reason="needs g++ and make (scripts/setup.sh installs them)")
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    build = tmp_path_factory.mktemp("profile-build")
-    subprocess.run(["make", "-s", "-C", str(OPS), "teacher-profile", f"BUILD={build}",
-                    f"PYTHON={sys.executable}"], check=True, capture_output=True, text=True)
-    return build / "teacher_profile"
+    return build_ops_harness(tmp_path_factory, "teacher-profile", "teacher_profile")
 
 
 def _gemm_flops(n: int, training: bool) -> float:
