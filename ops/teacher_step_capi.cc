@@ -40,6 +40,11 @@ void Parallel(int64_t teachers, int threads, Work work) {
   for (auto& thread : pool) thread.join();
 }
 
+std::string StrideProblem(int64_t row_stride, int64_t columns) {
+  return "rows must be at least " + std::to_string(columns) +
+         " floats apart, got a row stride of " + std::to_string(row_stride);
+}
+
 dclens::teacher_step::Network MakeNetwork(int num_classes, int conv1_filters, int dense_units,
                                           float leaky_slope, float bn_epsilon) {
   dclens::teacher_step::Network net;
@@ -55,11 +60,17 @@ dclens::teacher_step::Network MakeNetwork(int num_classes, int conv1_filters, in
 
 extern "C" {
 
-// num_steps Adam steps of `teachers` teachers, in place on weights/adam_m/adam_v [T, P];
+// The entry points' signatures, for a caller to refuse a library built from older sources
+// (2: the row_stride argument).
+int dclens_teacher_capi_version() { return 2; }
+
+// num_steps Adam steps of `teachers` teachers, in place on weights/adam_m/adam_v [T, P]
+// (teacher t's row at t * row_stride floats: P parameters, then padding left untouched);
 // images [T, n, h, w, c] (first half real, second half fake), labels [T, n]; losses [T].
 int dclens_teacher_train_in_place(float* weights, float* adam_m, float* adam_v,
-                                  int64_t teachers, int64_t columns, const float* images,
-                                  const int32_t* labels, int n, int h, int w, int c,
+                                  int64_t teachers, int64_t columns, int64_t row_stride,
+                                  const float* images, const int32_t* labels, int n, int h,
+                                  int w, int c,
                                   int num_classes, int conv1_filters, int dense_units,
                                   float leaky_slope, float bn_epsilon, int num_steps,
                                   int64_t first_step, float learning_rate, float beta1,
@@ -71,6 +82,7 @@ int dclens_teacher_train_in_place(float* weights, float* adam_m, float* adam_v,
   const Geometry g(n, 2, h, w, c, num_classes, conv1_filters, dense_units);
   const std::string problem = dclens::teacher_step::Validate(g, columns, labels, teachers * n);
   if (!problem.empty()) return Fail(problem, error, error_size);
+  if (row_stride < columns) return Fail(StrideProblem(row_stride, columns), error, error_size);
   const auto net = MakeNetwork(num_classes, conv1_filters, dense_units, leaky_slope, bn_epsilon);
   dclens::teacher_step::Adam adam;
   adam.num_steps = num_steps;
@@ -81,24 +93,28 @@ int dclens_teacher_train_in_place(float* weights, float* adam_m, float* adam_v,
   adam.epsilon = epsilon;
   Parallel(teachers, threads, [&](int64_t begin, int64_t end) {
     dclens::teacher_step::TrainTeachers(g, net, adam, weights, adam_m, adam_v, weights,
-                                        adam_m, adam_v, images, labels, losses, begin, end);
+                                        adam_m, adam_v, images, labels, losses, begin, end,
+                                        row_stride);
   });
   return 0;
 }
 
-// -dL_G/dx of every teacher: weights [T, P], shared images [n, h, w, c] and labels [n];
-// out [T, n, h, w, c].
+// -dL_G/dx of every teacher: weights [T, P] (rows row_stride floats apart), shared images
+// [n, h, w, c] and labels [n]; out [T, n, h, w, c].
 int dclens_teacher_image_gradients(const float* weights, int64_t teachers, int64_t columns,
-                                   const float* images, const int32_t* labels, int n, int h,
-                                   int w, int c, int num_classes, int conv1_filters,
-                                   int dense_units, float leaky_slope, float bn_epsilon,
+                                   int64_t row_stride, const float* images,
+                                   const int32_t* labels, int n, int h, int w, int c,
+                                   int num_classes, int conv1_filters, int dense_units,
+                                   float leaky_slope, float bn_epsilon,
                                    float* out, int threads, char* error, int error_size) {
   const Geometry g(n, 1, h, w, c, num_classes, conv1_filters, dense_units);
   const std::string problem = dclens::teacher_step::Validate(g, columns, labels, n);
   if (!problem.empty()) return Fail(problem, error, error_size);
+  if (row_stride < columns) return Fail(StrideProblem(row_stride, columns), error, error_size);
   const auto net = MakeNetwork(num_classes, conv1_filters, dense_units, leaky_slope, bn_epsilon);
   Parallel(teachers, threads, [&](int64_t begin, int64_t end) {
-    dclens::teacher_step::ImageGradients(g, net, weights, images, labels, out, begin, end);
+    dclens::teacher_step::ImageGradients(g, net, weights, images, labels, out, begin, end,
+                                         row_stride);
   });
   return 0;
 }

@@ -771,13 +771,17 @@ inline std::string Validate(const Geometry& g, int64_t weight_columns, const int
   return "";
 }
 
-// num_steps Adam steps of teachers [begin, end): teacher t reads (w, m, v) from in_* + t P
-// on the first step and writes out_* + t P (in_* may equal out_*: an update in place);
+// num_steps Adam steps of teachers [begin, end): teacher t reads (w, m, v) from in_* + t S
+// on the first step and writes out_* + t S (in_* may equal out_*: an update in place);
 // images x [T, n, h, w, c] (first half real), labels y [T, n]; losses [T] of the last step.
+// S = row_stride floats between consecutive teachers' rows (0: packed, S = P); a row's
+// P parameters are contiguous, and the S - P floats after them are never touched.
 inline void TrainTeachers(const Geometry& g, const Network& net_params, const Adam& adam,
                           const float* in_w, const float* in_m, const float* in_v,
                           float* out_w, float* out_m, float* out_v, const float* x,
-                          const int32_t* y, float* losses, int64_t begin, int64_t end) {
+                          const int32_t* y, float* losses, int64_t begin, int64_t end,
+                          int64_t row_stride = 0) {
+  const int64_t stride = row_stride > 0 ? row_stride : g.size;
   DiscriminatorLease lease(g, net_params.leaky_slope, net_params.bn_epsilon);
   Discriminator& net = *lease;
   float* grad = net.GradientBuffer();
@@ -786,14 +790,14 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
   std::vector<float> dlogit(n);
   DCLENS_LAP_RESTART();
   for (int64_t t = begin; t < end; ++t) {
-    float* w = out_w + t * g.size;
-    float* m = out_m + t * g.size;
-    float* v = out_v + t * g.size;
+    float* w = out_w + t * stride;
+    float* m = out_m + t * stride;
+    float* v = out_v + t * stride;
     const int32_t* yt = y + t * n;
     for (int s = 0; s < adam.num_steps; ++s) {
-      const float* from_w = s == 0 ? in_w + t * g.size : w;
-      const float* from_m = s == 0 ? in_m + t * g.size : m;
-      const float* from_v = s == 0 ? in_v + t * g.size : v;
+      const float* from_w = s == 0 ? in_w + t * stride : w;
+      const float* from_m = s == 0 ? in_m + t * stride : m;
+      const float* from_v = s == 0 ? in_v + t * stride : v;
       net.Forward(from_w, x + t * image_size, yt);
       const std::vector<float>& logit = net.logits();
       double real = 0.0, fake = 0.0;
@@ -828,10 +832,12 @@ inline void TrainTeachers(const Geometry& g, const Network& net_params, const Ad
   }
 }
 
-// -dL_G/dx [T, n, h, w, c] of teachers [begin, end) on the shared batch x [n, h, w, c].
+// -dL_G/dx [T, n, h, w, c] of teachers [begin, end) on the shared batch x [n, h, w, c];
+// teacher t's weights at weights + t S (S = row_stride, 0: packed, S = P).
 inline void ImageGradients(const Geometry& g, const Network& net_params, const float* weights,
                            const float* x, const int32_t* y, float* out, int64_t begin,
-                           int64_t end) {
+                           int64_t end, int64_t row_stride = 0) {
+  const int64_t stride = row_stride > 0 ? row_stride : g.size;
   DiscriminatorLease lease(g, net_params.leaky_slope, net_params.bn_epsilon);
   Discriminator& net = *lease;
   const int n = g.n;
@@ -839,11 +845,11 @@ inline void ImageGradients(const Geometry& g, const Network& net_params, const f
   std::vector<float> dlogit(n);
   DCLENS_LAP_RESTART();
   for (int64_t t = begin; t < end; ++t) {
-    net.Forward(weights + t * g.size, x, y, /*same_images=*/t > begin);
+    net.Forward(weights + t * stride, x, y, /*same_images=*/t > begin);
     const std::vector<float>& logit = net.logits();
     for (int b = 0; b < n; ++b) dlogit[b] = -Sigmoid(-logit[b]) / n;
     float* out_t = out + t * image_size;
-    net.Backward(weights + t * g.size, y, dlogit.data(), nullptr, out_t);
+    net.Backward(weights + t * stride, y, dlogit.data(), nullptr, out_t);
     for (int64_t i = 0; i < image_size; ++i) out_t[i] = -out_t[i];
     DCLENS_LAP(profile::kInputGradient);
   }

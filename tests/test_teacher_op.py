@@ -268,6 +268,43 @@ def test_in_place_entry_point_gives_the_ops_bits_and_overwrites_the_state():
                                             shape=shape))
 
 
+def test_in_place_entry_point_takes_rows_of_a_padded_buffer_and_leaves_the_padding():
+    """A disk bank's staging rows are P floats of a wider row (teacher_bank.aligned_rows):
+    training and querying them in place gives the packed arrays' bits, and the padding
+    after each row (filled with a NaN sentinel here) is never read or written."""
+    shape = SHAPES[1]
+    _, weights, real, fake, labels = _case(shape, num_teachers=3, batch=4, seed=14)
+    rng = np.random.default_rng(15)
+    m = rng.normal(0, 1e-3, weights.shape).astype(np.float32)
+    v = rng.uniform(0, 1e-6, weights.shape).astype(np.float32)
+    images = np.concatenate([real, fake], 1)
+    both = np.concatenate([labels, labels], 1).astype(np.int32)
+    packed = [weights.copy(), m.copy(), v.copy()]
+    packed_losses = teacher_op.train_in_place(
+        *packed, images, both, 3, shape=shape, num_steps=2, learning_rate=LR, beta1=BETA1,
+        beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+    p = weights.shape[1]
+    padded = []
+    for array in (weights, m, v):
+        wide = np.full((3, p + 29), np.nan, np.float32)
+        wide[:, :p] = array
+        padded.append(wide)
+    views = [wide[:, :p] for wide in padded]
+    assert teacher_op.row_stride(views[0]) == p + 29 and teacher_op.in_place_ready(*views)
+    losses = teacher_op.train_in_place(
+        *views, images, both, 3, shape=shape, num_steps=2, learning_rate=LR, beta1=BETA1,
+        beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+    np.testing.assert_array_equal(losses, packed_losses)
+    for wide, want in zip(padded, packed):
+        np.testing.assert_array_equal(wide[:, :p], want)
+        assert np.isnan(wide[:, p:]).all()
+    np.testing.assert_array_equal(
+        teacher_op.image_gradients_numpy(views[0], real[0], labels[0], shape=shape),
+        teacher_op.image_gradients_numpy(packed[0], real[0], labels[0], shape=shape))
+    assert not teacher_op.in_place_ready(views[0], packed[1], packed[2])   # strides differ
+    assert teacher_op.row_stride(np.asfortranarray(weights)) is None
+
+
 def test_in_place_entry_point_refuses_bad_input_and_writes_nothing():
     shape = SHAPES[0]
     _, weights, real, fake, labels = _case(shape, num_teachers=2, batch=3, seed=12)
@@ -280,7 +317,7 @@ def test_in_place_entry_point_refuses_bad_input_and_writes_nothing():
                                   shape=shape, num_steps=1, learning_rate=LR, beta1=BETA1,
                                   beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
     np.testing.assert_array_equal(weights, before)
-    with pytest.raises(ValueError, match="writable C-contiguous float32"):
+    with pytest.raises(ValueError, match="writable float32 .* contiguous rows"):
         teacher_op.train_in_place(weights.astype(np.float64), *zeros,
                                   np.concatenate([real, fake], 1), both, 0, shape=shape,
                                   num_steps=1, learning_rate=LR, beta1=BETA1,
@@ -304,3 +341,15 @@ def test_fast_ensemble_trains_a_bank_chunk_in_place_as_train_does():
     mixed = state._replace(steps=np.array([1, 2]))
     assert not ensemble.can_train_in_place(mixed)
     assert not ensemble.can_train_in_place(state._replace(weights=tf.constant(weights)))
+
+
+def test_a_c_library_from_other_sources_is_refused_not_called(monkeypatch):
+    """A library without the current signature version (here the TopAgg op's, which has
+    none) would be called with the wrong arguments: it is refused with the build hint."""
+    other = teacher_op.OPS_DIR / "_dclens_ops.so"
+    if not other.exists():
+        pytest.skip(f"{other} not built")
+    monkeypatch.setenv(teacher_op.ENV_CAPI_LIBRARY, str(other))
+    assert not teacher_op.capi_available()
+    with pytest.raises(teacher_op.TeacherOpUnavailable, match="older sources.*make -C ops"):
+        teacher_op.load_capi()

@@ -127,6 +127,9 @@ def image_gradients(weights: tf.Tensor, images: tf.Tensor, labels: tf.Tensor, *,
 
 
 # --------------------------------------------------------------------------- numpy, in place
+#: The C entry points' signature version (ops/teacher_step_capi.cc): a library built from
+#: other sources is refused, never called with the wrong arguments.
+CAPI_VERSION = 2
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 _INT_P = ctypes.POINTER(ctypes.c_int32)
 
@@ -139,12 +142,16 @@ def _load_capi(path: str) -> ctypes.CDLL:
         library = ctypes.CDLL(path)
     except OSError as exc:
         raise TeacherOpUnavailable(f"{path} failed to load ({exc}); {BUILD_HINT}") from exc
+    version = getattr(library, "dclens_teacher_capi_version", None)
+    if version is None or version() != CAPI_VERSION:
+        raise TeacherOpUnavailable(f"{path} was built from older sources (its entry points "
+                                   f"are not version {CAPI_VERSION}); {BUILD_HINT}")
     i64, i32, f32, buf = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_char_p
     library.dclens_teacher_train_in_place.argtypes = [
-        _FLOAT_P, _FLOAT_P, _FLOAT_P, i64, i64, _FLOAT_P, _INT_P, i32, i32, i32, i32, i32, i32,
-        i32, f32, f32, i32, i64, f32, f32, f32, f32, _FLOAT_P, i32, buf, i32]
+        _FLOAT_P, _FLOAT_P, _FLOAT_P, i64, i64, i64, _FLOAT_P, _INT_P, i32, i32, i32, i32, i32,
+        i32, i32, f32, f32, i32, i64, f32, f32, f32, f32, _FLOAT_P, i32, buf, i32]
     library.dclens_teacher_image_gradients.argtypes = [
-        _FLOAT_P, i64, i64, _FLOAT_P, _INT_P, i32, i32, i32, i32, i32, i32, i32, f32, f32,
+        _FLOAT_P, i64, i64, i64, _FLOAT_P, _INT_P, i32, i32, i32, i32, i32, i32, i32, f32, f32,
         _FLOAT_P, i32, buf, i32]
     for function in (library.dclens_teacher_train_in_place,
                      library.dclens_teacher_image_gradients):
@@ -174,10 +181,27 @@ def threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def row_stride(array: np.ndarray) -> int | None:
+    """Floats between consecutive rows of a [T, P] float32 array whose rows are each
+    contiguous (C-contiguous, or rows of a wider buffer such as a disk bank's padded
+    staging rows); None if the rows are not contiguous or not float32-aligned."""
+    if not (isinstance(array, np.ndarray) and array.dtype == np.float32 and array.ndim == 2):
+        return None
+    rows, columns = array.shape
+    if columns > 1 and array.strides[1] != 4:
+        return None
+    if rows <= 1:
+        return columns
+    stride = array.strides[0]
+    return stride // 4 if stride % 4 == 0 and stride // 4 >= columns else None
+
+
 def in_place_ready(*arrays: np.ndarray) -> bool:
-    """Whether every array is a writable, C-contiguous float32 numpy array."""
-    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
-               and a.flags.writeable for a in arrays)
+    """Whether every array is a writable float32 [T, P] numpy array with contiguous rows,
+    all with the same row stride (:func:`row_stride`)."""
+    strides = {row_stride(a) for a in arrays}
+    return (len(strides) == 1 and None not in strides
+            and all(a.flags.writeable for a in arrays))
 
 
 def _floats(array: np.ndarray):
@@ -195,13 +219,15 @@ def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
                    beta1: float, beta2: float, epsilon: float) -> np.ndarray:
     """:func:`train` on numpy state, updated in place; returns the losses [T].
 
-    ``weights``, ``adam_m``, ``adam_v``: writable C-contiguous float32 [T, P] (overwritten
-    with the state after the steps); ``images`` float32 [T, 2B, H, W, C]; ``labels`` int
+    ``weights``, ``adam_m``, ``adam_v``: writable float32 [T, P] with contiguous rows and
+    one row stride (:func:`in_place_ready`; overwritten with the state after the steps,
+    the padding between rows untouched); ``images`` float32 [T, 2B, H, W, C]; ``labels`` int
     [T, 2B].  Raises ValueError (with the reason) for shapes or labels the network cannot
     take; nothing is written then.
     """
     if not in_place_ready(weights, adam_m, adam_v):
-        raise ValueError("train_in_place needs writable C-contiguous float32 arrays")
+        raise ValueError("train_in_place needs writable float32 [T, P] arrays with "
+                         "contiguous rows and one row stride")
     if not (weights.shape == adam_m.shape == adam_v.shape and weights.ndim == 2):
         raise ValueError(f"weights and moments must be the same [T, P] shape, got "
                          f"{weights.shape}, {adam_m.shape}, {adam_v.shape}")
@@ -216,7 +242,7 @@ def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
     attrs = _network_attrs(shape)
     _check(load_capi().dclens_teacher_train_in_place(
         _floats(weights), _floats(adam_m), _floats(adam_v), t, weights.shape[1],
-        _floats(images), labels.ctypes.data_as(_INT_P), n, *images.shape[2:],
+        row_stride(weights), _floats(images), labels.ctypes.data_as(_INT_P), n, *images.shape[2:],
         attrs["num_classes"], attrs["conv1_filters"], attrs["dense_units"],
         attrs["leaky_slope"], attrs["bn_epsilon"], int(num_steps), int(first_step),
         float(learning_rate), float(beta1), float(beta2), float(epsilon), _floats(losses),
@@ -226,8 +252,10 @@ def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
 
 def image_gradients_numpy(weights: np.ndarray, images: np.ndarray, labels: np.ndarray, *,
                           shape: networks.ImageShape) -> np.ndarray:
-    """:func:`image_gradients` on numpy inputs (no copy of the weights): [T, B, H, W, C]."""
-    weights = np.ascontiguousarray(weights, np.float32)
+    """:func:`image_gradients` on numpy inputs (no copy of weights whose rows are
+    contiguous, :func:`row_stride`): [T, B, H, W, C]."""
+    if row_stride(weights) is None:
+        weights = np.ascontiguousarray(weights, np.float32)
     images = np.ascontiguousarray(images, np.float32)
     labels = np.ascontiguousarray(labels, np.int32)
     if weights.ndim != 2 or images.ndim != 4 or labels.shape != (images.shape[0],):
@@ -237,8 +265,8 @@ def image_gradients_numpy(weights: np.ndarray, images: np.ndarray, labels: np.nd
     error = ctypes.create_string_buffer(ERROR_BYTES)
     attrs = _network_attrs(shape)
     _check(load_capi().dclens_teacher_image_gradients(
-        _floats(weights), weights.shape[0], weights.shape[1], _floats(images),
-        labels.ctypes.data_as(_INT_P), *images.shape, attrs["num_classes"],
+        _floats(weights), weights.shape[0], weights.shape[1], row_stride(weights),
+        _floats(images), labels.ctypes.data_as(_INT_P), *images.shape, attrs["num_classes"],
         attrs["conv1_filters"], attrs["dense_units"], attrs["leaky_slope"],
         attrs["bn_epsilon"], _floats(out), threads(), error, ERROR_BYTES), error)
     return out
