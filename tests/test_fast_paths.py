@@ -231,7 +231,10 @@ def test_resident_rows_sync_to_files(tmp_path):
     whole = bank.weights                         # synced, read-only
     np.testing.assert_array_equal(whole, new)
     assert not whole.flags.writeable
-    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), new)
+    on_disk = np.load(tmp_path / "weights.npy")     # rows padded to whole disk blocks
+    assert on_disk.shape == (5, teacher_bank.padded_columns(new.shape[1]))
+    np.testing.assert_array_equal(on_disk[:, :new.shape[1]], new)
+    assert not on_disk[:, new.shape[1]:].any()
     state = bank.row_views(0, 2)
     np.testing.assert_array_equal(state.weights, new[:2])
     assert not bank.in_ram(1, 3)
@@ -263,7 +266,8 @@ def test_bank_location_by_budget():
 
 
 # ----------------------------------------------------------------------------- DataLens
-def _tiny_lens(bank_dir=None, ensemble="fast", g_step=1, bank_ram_bytes=None) -> DataLens:
+def _tiny_lens(bank_dir=None, ensemble="fast", g_step=1, bank_ram_bytes=None,
+               bank_direct_io=None) -> DataLens:
     rng = np.random.default_rng(0)
     n = 70
     dataset = data.LabeledImages(rng.uniform(size=(n, 28, 28, 1)).astype(np.float32),
@@ -275,16 +279,21 @@ def _tiny_lens(bank_dir=None, ensemble="fast", g_step=1, bank_ram_bytes=None) ->
         topagg=TopAggConfig(topk=50, sigma=5.0, thresh=0.2),
         budget=BudgetConfig(max_eps=1e6))
     return DataLens(config, dataset, root_seed=5, placement=TeacherPlacement(
-        bank_dir=bank_dir, ensemble=ensemble, bank_ram_bytes=bank_ram_bytes))
+        bank_dir=bank_dir, ensemble=ensemble, bank_ram_bytes=bank_ram_bytes,
+        bank_direct_io=bank_direct_io))
 
 
-def test_disk_bank_run_equals_ram_bank_run(tmp_path):
+@pytest.mark.parametrize("direct_io", [False, None], ids=["buffered", "direct if possible"])
+def test_disk_bank_run_equals_ram_bank_run(tmp_path, direct_io):
     """7 teachers in chunks of 3, 4 of them resident: RAM, straddling and disk chunks."""
     layout = teachers.ParamLayout.for_shape(SHAPES["28x28x1"])
     ram = _tiny_lens()
     disk = _tiny_lens(bank_dir=str(tmp_path / "bank"),
-                      bank_ram_bytes=4 * teacher_bank.bank_bytes(layout, 1))
+                      bank_ram_bytes=4 * teacher_bank.bank_bytes(layout, 1),
+                      bank_direct_io=direct_io)
     assert disk.bank.resident_rows == 4
+    if direct_io is False:
+        assert not disk.bank.direct_io
     for _ in range(2):
         a, b = ram.train_step(), disk.train_step()
         assert (a.teacher_loss, a.student_loss) == (b.teacher_loss, b.student_loss)

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bank_ram_gib", type=float,
                         help="teachers kept in RAM by a disk bank, in GiB (default: half the "
                              "RAM; 0: every teacher streams from disk)")
+    parser.add_argument("--bank_io", choices=("auto", "direct", "buffered"), default="buffered",
+                        help="how a disk bank's rows move: through the page cache "
+                             "(buffered, the default), past it with O_DIRECT (direct), or "
+                             "direct where the file system takes it (auto)")
     parser.add_argument("--ensemble", choices=("fast", "reference"), default="fast")
     parser.add_argument("--no_overlap", action="store_true",
                         help="teacher state I/O in the main thread (no prefetch/write-behind)")
@@ -91,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         measured_teachers=measured, chunk=args.chunk, bank=args.bank,
                         bank_dir=args.bank_dir, ensemble=args.ensemble,
                         overlap_io=not args.no_overlap,
+                        bank_direct_io={"auto": None, "direct": True,
+                                        "buffered": False}[args.bank_io],
                         bank_ram_bytes=(None if args.bank_ram_gib is None
                                         else int(args.bank_ram_gib * bench.GIB)),
                         conv_path=args.conv_path, aggregation=aggregation))

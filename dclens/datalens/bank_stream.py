@@ -82,11 +82,8 @@ class ChunkStream:
         return self._executor.submit(self._timed, work)
 
     def _buffers(self) -> TeacherState:
-        rows, size = self.chunk_size, self.bank.layout.size
-        moments = ((np.empty((rows, size), np.float32), np.empty((rows, size), np.float32))
-                   if self.with_adam else (None, None))
-        return TeacherState(np.empty((rows, size), np.float32), *moments,
-                            np.empty(rows, np.int64))
+        # the files' padded row layout: read and written back with no copy
+        return self.bank.staging(self.chunk_size, with_adam=self.with_adam)
 
     def _read(self, start: int, stop: int, buffers: TeacherState) -> TeacherState:
         if self.with_adam:

@@ -92,13 +92,15 @@ class VoteParts:
 class BankPlacement:
     """Where a group's bank lives: ``seed`` (the run's teacher-initialisation seed) decides
     its bits; the rest only where they are kept (``directory`` None: RAM; with a
-    directory, ``resident_rows`` rows stay in RAM) and whether the chunk stream reads
-    ahead in a background thread (``overlap_io``)."""
+    directory, ``resident_rows`` rows stay in RAM, and ``direct_io`` moves the others past
+    the page cache: :class:`dclens.datalens.teacher_bank.TeacherBank`) and whether the chunk stream reads ahead in a
+    background thread (``overlap_io``)."""
 
     seed: int
     directory: str | None = None
     resident_rows: int = 0
     overlap_io: bool = True
+    direct_io: bool | None = False
 
 
 class TeacherGroup:
@@ -117,7 +119,7 @@ class TeacherGroup:
         self.bank = teacher_bank.TeacherBank.create(
             parts.layout, len(members.partitions), seed=bank.seed, directory=bank.directory,
             resident_rows=bank.resident_rows, first_teacher=members.first,
-            total_teachers=members.total)
+            total_teachers=members.total, direct_io=bank.direct_io)
         self.dim = int(np.prod(members.images.shape[1:]))
 
     def _stream(self, *, with_adam: bool) -> ChunkStream:

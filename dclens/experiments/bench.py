@@ -224,6 +224,8 @@ class BenchOptions:
       bank_dir: folder for a disk bank (default: a temporary folder, removed afterwards).
       ensemble: ``"fast"`` or ``"reference"``.
       overlap_io: stream a disk bank in a background thread.
+      bank_direct_io: a disk bank's I/O past the page cache (False: through it; None: past
+        it where the file system allows; True: past it or fail).
       ram_budget: the RAM a bank may take before ``"auto"`` puts it on disk.
       bank_ram_bytes: RAM tier of a disk bank (default: half the RAM; 0 = all on disk).
       conv_path: the teachers' path (``auto``, ``fused``, ``grouped``, ``per_teacher``).
@@ -237,6 +239,7 @@ class BenchOptions:
     bank_dir: str | None = None
     ensemble: str = "fast"
     overlap_io: bool = True
+    bank_direct_io: bool | None = False
     ram_budget: int | None = None
     bank_ram_bytes: int | None = None
     conv_path: str = "auto"
@@ -277,6 +280,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
         lens = DataLens(config, dataset, root_seed=0, timer=timer,
                         placement=TeacherPlacement(ensemble=options.ensemble,
                                                    overlap_io=options.overlap_io,
+                                                   bank_direct_io=options.bank_direct_io,
                                                    bank_dir=bank_dir if on_disk else None,
                                                    bank_ram_bytes=options.bank_ram_bytes))
         setup_seconds = time.perf_counter() - started
@@ -293,6 +297,7 @@ def run_bench(spec: BenchSpec, *, steps: int, warmup: int,
                if options.ensemble == "fast" else {}),
             "bank": "disk" if on_disk else "ram",
             "bank_gib": needed / GIB, "io_overlapped": options.overlap_io,
+            "bank_direct_io": lens.bank.direct_io if on_disk else None,
             "bank_resident_teachers": (lens.bank.resident_rows if on_disk else measured),
             "setup_seconds": setup_seconds, "warmup_steps": warmup,
             "timed_steps": len(timed.seconds), "stopped_by_budget": timed.budget_stop,
@@ -403,6 +408,7 @@ def extrapolate(phases: dict[str, float], step_seconds: float, *, measured: int,
 def disk_status(directory: str, spec: BenchSpec) -> dict[str, Any]:
     """Whether ``spec``'s full bank fits on the disk holding ``directory``."""
     shape = image_shape_of(data.dataset_spec(preset(spec.preset).train.dataset))
-    needed = teacher_bank.bank_bytes(teachers.ParamLayout.for_shape(shape), spec.num_teachers)
+    needed = teacher_bank.bank_file_bytes(teachers.ParamLayout.for_shape(shape),
+                                          spec.num_teachers)       # padded rows on disk
     free = shutil.disk_usage(directory).free
     return {"bank_gib": needed / GIB, "disk_free_gib": free / GIB, "fits_on_disk": needed < free}
