@@ -244,15 +244,22 @@ def test_every_entry_point_refuses_an_uneven_batch_split_in_the_kernels_validate
 
 
 # ------------------------------------------------------------- numpy state, in place (ctypes)
-def test_in_place_entry_point_gives_the_ops_bits_and_overwrites_the_state():
-    assert teacher_op.capi_available(), teacher_op.CAPI_LIBRARY
-    shape = SHAPES[1]
-    _, weights, real, fake, labels = _case(shape, num_teachers=3, batch=4, seed=10)
-    rng = np.random.default_rng(11)
+def _in_place_case(shape, seed: int):
+    """Three teachers' (weights, m, v) away from the init, their merged real + fake images
+    [3, 8, ...] and labels [3, 8], and the real half's (images, labels) for queries."""
+    _, weights, real, fake, labels = _case(shape, num_teachers=3, batch=4, seed=seed)
+    rng = np.random.default_rng(seed + 1)
     m = rng.normal(0, 1e-3, weights.shape).astype(np.float32)
     v = rng.uniform(0, 1e-6, weights.shape).astype(np.float32)
     images = np.concatenate([real, fake], 1)
     both = np.concatenate([labels, labels], 1).astype(np.int32)
+    return (weights, m, v), images, both, (real, labels)
+
+
+def test_in_place_entry_point_gives_the_ops_bits_and_overwrites_the_state():
+    assert teacher_op.capi_available(), teacher_op.CAPI_LIBRARY
+    shape = SHAPES[1]
+    (weights, m, v), images, both, (real, labels) = _in_place_case(shape, seed=10)
     expected = teacher_op.train(weights, m, v, images, both, 5, shape=shape, num_steps=2,
                                 learning_rate=LR, beta1=BETA1, beta2=ADAM_BETA2,
                                 epsilon=ADAM_EPSILON)
@@ -273,12 +280,7 @@ def test_in_place_entry_point_takes_rows_of_a_padded_buffer_and_leaves_the_paddi
     training and querying them in place gives the packed arrays' bits, and the padding
     after each row (filled with a NaN sentinel here) is never read or written."""
     shape = SHAPES[1]
-    _, weights, real, fake, labels = _case(shape, num_teachers=3, batch=4, seed=14)
-    rng = np.random.default_rng(15)
-    m = rng.normal(0, 1e-3, weights.shape).astype(np.float32)
-    v = rng.uniform(0, 1e-6, weights.shape).astype(np.float32)
-    images = np.concatenate([real, fake], 1)
-    both = np.concatenate([labels, labels], 1).astype(np.int32)
+    (weights, m, v), images, both, (real, labels) = _in_place_case(shape, seed=14)
     packed = [weights.copy(), m.copy(), v.copy()]
     packed_losses = teacher_op.train_in_place(
         *packed, images, both, 3, shape=shape, num_steps=2, learning_rate=LR, beta1=BETA1,
