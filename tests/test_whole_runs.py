@@ -383,8 +383,13 @@ def test_restore_copies_every_run_and_retrains_a_lost_one_when_a_phase_needs_it(
     assert path == str(folder / "dclens-0" / "samples.npz")
     assert [(side, seed) for side, seed, _ in calls] == [("dclens", ours["seed"])]
     record = json.loads((folder / "dclens-0" / "run.json").read_text())
-    assert record["reproduction"] == {"of": "expected_run.json", "equal": True,
-                                      "first_difference": None}
+    assert {key: record["reproduction"][key] for key in ("of", "equal", "first_difference")
+            } == {"of": "expected_run.json", "equal": True, "first_difference": None}
+    # ... and its published timing (the two sides back to back) stands; the retrain's
+    # own (2.0 s, beside whatever else ran) is kept apart.
+    assert record["seconds_per_step"] == ours["seconds_per_step"] == 1.0
+    assert record["reproduction"]["retrain"]["seconds_per_step"] == 2.0
+    assert whole_run_study.keep_published_timing(record, ours) == record    # idempotent
     # Same trajectory, same samples: the published evaluation stands.
     assert json.loads((folder / "dclens-0" / "evaluation.json").read_text()) == ours_evaluation
     assert any("reproduces its published run" in line for line in lines)
