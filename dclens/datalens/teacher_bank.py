@@ -151,6 +151,7 @@ class _RowFile:
             return True
         except OSError as error:
             os.close(self.fd)
+            del self.fd                   # never closed again by __del__ (it may be reused)
             if required:
                 raise OSError(f"{self.path}: direct reads fail on this file system "
                               f"({error}); use buffered bank I/O") from error
