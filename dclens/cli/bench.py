@@ -56,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bank_ram_gib", type=float,
                         help="teachers kept in RAM by a disk bank, in GiB (default: half the "
                              "RAM; 0: every teacher streams from disk)")
-    parser.add_argument("--bank_io", choices=("auto", "direct", "buffered"), default="buffered",
-                        help="how a disk bank's rows move: through the page cache "
-                             "(buffered, the default), past it with O_DIRECT (direct), or "
-                             "direct where the file system takes it (auto)")
+    parser.add_argument("--bank_io", choices=("auto", "direct", "buffered"), default="auto",
+                        help="how a disk bank's rows move: past the page cache with O_DIRECT "
+                             "where the file system takes it (auto, the default), always "
+                             "(direct), or through the page cache (buffered)")
     parser.add_argument("--ensemble", choices=("fast", "reference"), default="fast")
     parser.add_argument("--no_overlap", action="store_true",
                         help="teacher state I/O in the main thread (no prefetch/write-behind)")

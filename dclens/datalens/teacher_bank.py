@@ -279,8 +279,8 @@ class TeacherBank:
 
     On disk each teacher's row is padded to whole :data:`BLOCK`-byte blocks (no block holds
     two teachers' state); ``direct_io`` moves the rows with ``O_DIRECT``, past the page
-    cache (False, the default: never; True: required; None: where the file system takes
-    it; see :class:`_RowFile`).
+    cache (None, the default: where the file system takes it; True: required; False:
+    never; see :class:`_RowFile`).
 
     ``weights``, ``adam_m``, ``adam_v``: the whole [N, P] arrays, for checkpoints and tests.
     For a bank in RAM they are the (writable) arrays themselves; on disk they are read-only
@@ -291,7 +291,7 @@ class TeacherBank:
 
     def __init__(self, weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
                  steps: np.ndarray, layout: ParamLayout, *, resident_rows: int = 0,
-                 direct_io: bool | None = False):
+                 direct_io: bool | None = None):
         n, p = weights.shape
         if p != layout.size or adam_m.shape != (n, p) or adam_v.shape != (n, p) \
                 or steps.shape != (n,):
@@ -366,7 +366,7 @@ class TeacherBank:
                directory: str | os.PathLike | None = None, resident_rows: int = 0,
                init_chunk: int = 256, first_teacher: int = 0,
                total_teachers: int | None = None,
-               direct_io: bool | None = False) -> "TeacherBank":
+               direct_io: bool | None = None) -> "TeacherBank":
         """A freshly initialised bank (teacher i's initial weights depend on (seed, i)).
 
         ``first_teacher`` / ``total_teachers``: this bank holds teachers [first_teacher,

@@ -100,7 +100,7 @@ class BankPlacement:
     directory: str | None = None
     resident_rows: int = 0
     overlap_io: bool = True
-    direct_io: bool | None = False
+    direct_io: bool | None = None
 
 
 class TeacherGroup:

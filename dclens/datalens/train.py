@@ -95,8 +95,8 @@ class TeacherPlacement:
       bank_ram_bytes: with ``bank_dir``, the teachers that fit in this many bytes (default
         :func:`default_bank_ram_bytes`) stay in RAM, the others stream from disk.
       overlap_io: stream teacher state in a background thread (False: in line).
-      bank_direct_io: move a disk bank's rows with O_DIRECT, past the page cache (False,
-        the default: never; None: where the file system takes it; True: required).
+      bank_direct_io: move a disk bank's rows with O_DIRECT, past the page cache (None,
+        the default: where the file system takes it; False: never; True: required).
       launch_teachers: ``launch_teachers(lens)`` returns teachers held elsewhere (shard
         workers: :func:`dclens.datalens.sharded.launcher`) instead of a
         :class:`TeacherGroup` in this process.
@@ -106,7 +106,7 @@ class TeacherPlacement:
     bank_dir: str | None = None
     bank_ram_bytes: int | None = None
     overlap_io: bool = True
-    bank_direct_io: bool | None = False
+    bank_direct_io: bool | None = None
     launch_teachers: Callable[["DataLens"], object] | None = None
 
 

@@ -239,7 +239,7 @@ class BenchOptions:
     bank_dir: str | None = None
     ensemble: str = "fast"
     overlap_io: bool = True
-    bank_direct_io: bool | None = False
+    bank_direct_io: bool | None = None
     ram_budget: int | None = None
     bank_ram_bytes: int | None = None
     conv_path: str = "auto"
