@@ -133,3 +133,14 @@ def test_direct_io_required_on_misaligned_rows_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="not 4096-byte aligned for direct I/O"):
         teacher_bank._RowFile(array, direct=True)
     assert not teacher_bank._RowFile(array, direct=None).direct
+
+
+def test_a_bounce_buffer_smaller_than_the_rows_moves_them_in_several_trips(row_file,
+                                                                           monkeypatch):
+    monkeypatch.setattr(teacher_bank, "_BOUNCE_BYTES", 2 * row_file.row_bytes)
+    rows = np.random.default_rng(5).normal(size=(5, COLUMNS)).astype(np.float32)
+    row_file.write(3, rows)                                  # trips of 2, 2 and 1 rows
+    np.testing.assert_array_equal(_file_rows(row_file)[3:8, :COLUMNS], rows)
+    out = np.zeros((5, COLUMNS), np.float32)
+    row_file.read(3, out)
+    np.testing.assert_array_equal(out, rows)

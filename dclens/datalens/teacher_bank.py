@@ -182,10 +182,15 @@ class _RowFile:
                 buffers.append(padding)
         return buffers
 
-    def _bounce(self, n: int) -> np.ndarray:
-        """An aligned staging buffer of at most _BOUNCE_BYTES (O_DIRECT's way in and out)."""
-        rows = max(1, min(n, _BOUNCE_BYTES // self.row_bytes))
-        return aligned_rows(rows, self.columns, self.row_bytes // 4)
+    def _bounce_trips(self, n: int, position: int) -> Iterator[tuple[int, np.ndarray, int]]:
+        """O_DIRECT's way in and out for an array that is not a staging view: (first row,
+        rows of one aligned bounce buffer of at most _BOUNCE_BYTES, file position) per
+        trip over ``n`` rows starting at byte ``position``."""
+        bounce = aligned_rows(max(1, min(n, _BOUNCE_BYTES // self.row_bytes)),
+                              self.columns, self.row_bytes // 4)
+        for first in range(0, n, len(bounce)):
+            yield (first, bounce[:min(len(bounce), n - first)],
+                   position + first * self.row_bytes)
 
     def read(self, start: int, out: np.ndarray) -> None:
         """Rows [start, start + len(out)) of the file into ``out`` [n, P]."""
@@ -205,12 +210,9 @@ class _RowFile:
             if target is not out:
                 out[...] = target
         else:
-            bounce = self._bounce(n)
-            for first in range(0, n, len(bounce)):
-                rows = bounce[:min(len(bounce), n - first)]
-                self._transfer(os.preadv, [_raw_rows(rows, self.row_bytes)],
-                               position + first * self.row_bytes, "read")
-                out[first:first + len(rows)] = rows
+            for first, bounce, at in self._bounce_trips(n, position):
+                self._transfer(os.preadv, [_raw_rows(bounce, self.row_bytes)], at, "read")
+                out[first:first + len(bounce)] = bounce
 
     def write(self, start: int, rows: np.ndarray) -> None:
         """``rows`` [n, P] into rows [start, start + n) of the file (their padding zero)."""
@@ -228,12 +230,9 @@ class _RowFile:
                                                  self._padding),
                                position + first * self.row_bytes, "write")
         else:
-            bounce = self._bounce(n)
-            for first in range(0, n, len(bounce)):
-                count = min(len(bounce), n - first)
-                bounce[:count] = rows[first:first + count]
-                self._transfer(os.pwritev, [_raw_rows(bounce[:count], self.row_bytes)],
-                               position + first * self.row_bytes, "write")
+            for first, bounce, at in self._bounce_trips(n, position):
+                bounce[...] = rows[first:first + len(bounce)]
+                self._transfer(os.pwritev, [_raw_rows(bounce, self.row_bytes)], at, "write")
 
     def __del__(self) -> None:
         try:

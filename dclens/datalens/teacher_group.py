@@ -93,8 +93,8 @@ class BankPlacement:
     """Where a group's bank lives: ``seed`` (the run's teacher-initialisation seed) decides
     its bits; the rest only where they are kept (``directory`` None: RAM; with a
     directory, ``resident_rows`` rows stay in RAM, and ``direct_io`` moves the others past
-    the page cache: :class:`dclens.datalens.teacher_bank.TeacherBank`) and whether the chunk stream reads ahead in a
-    background thread (``overlap_io``)."""
+    the page cache: :class:`dclens.datalens.teacher_bank.TeacherBank`) and whether the
+    chunk stream reads ahead in a background thread (``overlap_io``)."""
 
     seed: int
     directory: str | None = None
