@@ -131,6 +131,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "generator_ema": "train.generator_ema",
                "class_guidance": "train.class_guidance",
                "class_guidance_form": "train.class_guidance_form",
+               "mismatch_negatives": "train.mismatch_negatives",
                "training_records": "train.training_records"}
 
 
@@ -282,6 +283,10 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="beyond the paper: the class term of --class_guidance: the teacher's label "
              "cross-entropy, or its margin (its logit for the label minus its mean over "
              "the labels) [default: cross_entropy]")
+    add("--mismatch_negatives", type=int, metavar="M",
+        help="beyond the paper: the last M slots of each teacher's fake batch hold its own "
+             "records under a wrong label, scored as fake (matching-aware teachers; the "
+             "same sensitivity; 0: off, the paper's)")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

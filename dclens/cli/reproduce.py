@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         "paper: the class term of --class_guidance: each teacher's label cross-entropy, or "
         "its margin (its logit for the label minus its mean over the labels: the teachers' "
         "terms then add up to their summed logits' margin) [default: cross_entropy]")
+    add("--mismatch_negatives", type=int, metavar="M", help="beyond the paper: the last "
+        "M slots of each teacher's fake batch hold its own records under a wrong label, "
+        "scored as fake (matching-aware teachers; the same sensitivity) [default: 0, the "
+        "paper's]")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -165,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             generator_ema=args.generator_ema, training_records=args.training_records,
             learning_rate=args.train_learning_rate, class_guidance=args.class_guidance,
             class_direction_every=args.class_direction_every,
-            class_guidance_form=args.class_guidance_form)
+            class_guidance_form=args.class_guidance_form,
+            mismatch_negatives=args.mismatch_negatives)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

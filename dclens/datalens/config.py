@@ -320,6 +320,13 @@ class TrainConfig:
         ``cross_entropy`` (the default) or ``margin`` (a teacher's logit for the label minus
         its mean over the labels; linear, so the teachers' terms add up to the summed
         logits' margin).  ``margin`` needs ``class_guidance`` > 0.
+      mismatch_negatives: m >= 0 (beyond the paper): the last m slots of each teacher's
+        fake batch hold its own real records of those slots under a wrong label, scored
+        as fake, so a teacher must check that an image shows its label (matching-aware
+        teachers, :mod:`dclens.datalens.mismatch`).  Still only that teacher's partition:
+        the vote's sensitivity and the ledger are unchanged.  At most the teachers'
+        batch (min(batch_size, partition size), checked when the run starts).  0 (the
+        default): the paper's.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -358,6 +365,7 @@ class TrainConfig:
     class_guidance: float = 0.0
     class_direction_every: int = 0
     class_guidance_form: GuidanceForm = GuidanceForm.CROSS_ENTROPY
+    mismatch_negatives: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.class_guidance_form, GuidanceForm),
@@ -393,6 +401,11 @@ class TrainConfig:
             value = getattr(self, name)
             _require(is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")
+        _require(is_int(self.mismatch_negatives) and 0 <= self.mismatch_negatives
+                 <= self.batch_size,
+                 f"mismatch_negatives must be an integer in [0, batch_size={self.batch_size}]"
+                 f" (0: the paper's teachers; e.g. 5 of a batch of 15), got "
+                 f"{self.mismatch_negatives!r}")
         _require(is_int(self.pretrain_teacher) and self.pretrain_teacher >= 0,
                  f"pretrain_teacher must be an integer >= 0, got {self.pretrain_teacher!r}")
         _require(is_finite_number(self.learning_rate) and self.learning_rate > 0,

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from dclens.datalens import teacher_bank
+from dclens.datalens import mismatch, teacher_bank
 from dclens.datalens import teachers, topagg as topagg_lib
 from dclens.datalens.bank_stream import ChunkStream
 from dclens.datalens.config import DataLensConfig
@@ -146,7 +146,9 @@ class TeacherGroup:
               ) -> tuple[np.ndarray, tf.Tensor | None]:
         """``num_steps`` Adam steps of every teacher of the group on its real batch
         (partition ``columns``) and fake batch (``chunk_fakes(first teacher of the chunk
-        in the run, real labels [T, B])``), fused with round 0's votes on ``query``.
+        in the run, real labels [T, B])``; with ``mismatch_negatives`` m, its last m slots
+        are the teacher's own records under wrong labels, :mod:`dclens.datalens.mismatch`),
+        fused with round 0's votes on ``query``.
 
         Returns (every teacher's loss, the group's summed votes on ``query`` or None).
         """
@@ -156,19 +158,24 @@ class TeacherGroup:
                 records = self.partitions[chunk.start:chunk.stop, columns]
                 real = tf.constant(self.images[records])
                 real_labels = self.labels[records]
-                fake = chunk_fakes(self.first + chunk.start, real_labels)
+                fake, fake_labels = mismatch.with_mismatched_reals(
+                    real, real_labels, chunk_fakes(self.first + chunk.start, real_labels),
+                    self.config.train.mismatch_negatives, step=step,
+                    num_classes=self.ensemble.shape.num_classes)
                 labels = self.one_hot(real_labels)
+                fake_one_hot = labels if fake_labels is real_labels else self.one_hot(
+                    fake_labels)
                 with self.timer.phase("teacher_training"):
                     if getattr(self.ensemble, "can_train_in_place", None) and \
                             self.ensemble.can_train_in_place(chunk.state):
                         # the chunk's arrays are overwritten: no copy of the state in or out
                         loss = self.ensemble.train_in_place(chunk.state, real, labels, fake,
-                                                            labels, num_steps=num_steps)
+                                                            fake_one_hot, num_steps=num_steps)
                         state = chunk.state._replace(
                             steps=np.asarray(chunk.state.steps) + num_steps)
                     else:
                         state, loss = self.ensemble.train(chunk.state, real, labels, fake,
-                                                          labels, num_steps=num_steps)
+                                                          fake_one_hot, num_steps=num_steps)
                     losses.append(np.asarray(loss))
                 stream.write_back(chunk, state)
                 if query is not None:

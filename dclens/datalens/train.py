@@ -9,7 +9,9 @@ One *generator step* (the authors' inner iteration; with the paper configs one e
    one batch G(z, y_i) per distinct label sequence instead; see
    :class:`dclens.datalens.config.FakeRendering`).
 2. Every teacher takes ``d_step`` Adam steps (``pretrain_teacher`` in the first epoch) on
-   its own real batch (B records of its partition) and that fake batch.
+   its own real batch (B records of its partition) and that fake batch (beyond the paper,
+   ``mismatch_negatives`` m: its last m slots hold the teacher's own records under wrong
+   labels, :mod:`dclens.datalens.mismatch`).
 3. ``g_step`` times: fresh uniformly random labels y, x = G(z, y); before anything is
    computed from the teachers, the ledger checks that B more TopAgg queries stay within
    ``max_eps`` -- if not, training stops (the step is not taken).  The B queries are
@@ -39,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dclens.datalens import teacher_bank
+from dclens.datalens import mismatch, teacher_bank
 from dclens.privacy import accounting, data_dependent
 from dclens import data
 from dclens.datalens import networks, teachers, topagg
@@ -165,6 +167,7 @@ class DataLens:
         self.partition_size = self.partitions.shape[1]
         self.batch = min(train_cfg.batch_size, self.partition_size)
         self.steps_per_epoch = self.partition_size // self.batch
+        mismatch.check_count(train_cfg.mismatch_negatives, self.batch)
         self.ensemble = build_ensemble(config, self.shape, placement.ensemble)
         self.topagg = build_topagg(config, self.shape)
         if placement.launch_teachers is None:

@@ -83,6 +83,10 @@ class ReproduceOptions:
       class_guidance: beyond the paper (issue 39's lever 5): lambda of the teachers' class
         term (:attr:`dclens.datalens.config.TrainConfig.class_guidance`); each teacher's
         vote is still a function of its own partition, so the accounting is unchanged.
+      mismatch_negatives: beyond the paper (issue 39's lever 5): the last m slots of each
+        teacher's fake batch hold its own records under a wrong label
+        (:attr:`dclens.datalens.config.TrainConfig.mismatch_negatives`); still only its own
+        partition, so the accounting is unchanged.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -117,6 +121,7 @@ class ReproduceOptions:
     class_guidance: float | None = None
     class_direction_every: int = 0
     class_guidance_form: str | None = None
+    mismatch_negatives: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -175,6 +180,11 @@ class ReproduceOptions:
                 or not math.isfinite(self.class_guidance) or self.class_guidance < 0):
             raise ReproduceError(f"class_guidance must be a finite number >= 0, got "
                                  f"{self.class_guidance!r}")
+        if self.mismatch_negatives is not None and (
+                isinstance(self.mismatch_negatives, bool)
+                or not isinstance(self.mismatch_negatives, int) or self.mismatch_negatives < 0):
+            raise ReproduceError(f"mismatch_negatives must be an integer >= 0 (0: the "
+                                 f"paper's teachers), got {self.mismatch_negatives!r}")
         if self.class_guidance_form is not None and self.class_guidance_form not in {
                 f.value for f in cfg.GuidanceForm}:
             raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
@@ -261,6 +271,8 @@ class ReproduceOptions:
             name += f"-cg{self.class_guidance:g}"
             if self.margin_guidance:
                 name += "m"
+        if self.mismatch_negatives:
+            name += f"-mm{self.mismatch_negatives}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -406,6 +418,11 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
                           + ("margin, its logit for the label minus its mean over the "
                              "labels" if options.margin_guidance else "cross-entropy")
                           + "; the same sensitivity)")
+    if options.mismatch_negatives:
+        train["mismatch_negatives"] = int(options.mismatch_negatives)
+        deviations.append(f"beyond the paper: matching-aware teachers (the last "
+                          f"{options.mismatch_negatives} slots of each teacher's fake batch "
+                          f"are its own records under a wrong label; the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:

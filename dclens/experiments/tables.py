@@ -100,6 +100,10 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("class guidance 10", {}, class_guidance=10.0),
         _row("class guidance 1, margin form (the teachers' terms add up to their summed "
              "logits' margin)", {}, class_guidance=1.0, class_guidance_form="margin"),
+        _row("matching-aware teachers (5 of 15 fake slots: the teacher's own records "
+             "under a wrong label)", {}, mismatch_negatives=5),
+        _row("matching-aware teachers + class guidance 1, margin form", {},
+             mismatch_negatives=5, class_guidance=1.0, class_guidance_form="margin"),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
