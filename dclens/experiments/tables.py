@@ -102,6 +102,7 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              "logits' margin)", {}, class_guidance=1.0, class_guidance_form="margin"),
         _row("matching-aware teachers (5 of 15 fake slots: the teacher's own records "
              "under a wrong label)", {}, mismatch_negatives=5),
+        _row("matching-aware teachers, 10 of 15 fake slots", {}, mismatch_negatives=10),
         _row("matching-aware teachers + class guidance 1, margin form", {},
              mismatch_negatives=5, class_guidance=1.0, class_guidance_form="margin"),
     ]),
