@@ -315,3 +315,30 @@ def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_pat
                for name in (first["name"], first["name"] + "-rep2")]
     assert first["val"] == pytest.approx(np.mean([r["accuracy"]["val"] for r in reports]))
     assert "(2 runs)" in (out / "table.md").read_text()
+
+
+def test_a_rows_name_with_repeats_selects_its_missing_runs_and_nothing_else(tmp_path,
+                                                                           monkeypatch):
+    """``--row NAME --repeats 3`` trains NAME's runs that have not finished (the committed
+    screen has NAME and NAME-rep2: only NAME-rep3), ``NAME-rep3`` selects that run alone,
+    and other rows are never trained; without --repeats a finished NAME trains nothing."""
+    import shutil
+
+    source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
+              / "levers-fashion_mnist-t200")
+    out = tmp_path / "levers"
+    shutil.copytree(source, out)
+    base = tables.matched_noise(paper_rows.ReproduceOptions(
+        "fashion_mnist", 1, teachers=200, max_records=3000, num_samples=20000,
+        training_records="tuning"))
+    trained = []
+    monkeypatch.setattr(tables.reproduce, "reproduce",
+                        lambda options, **_: trained.append(options.default_name()))
+    first = tables.row_options(base, tables.TABLES["levers"][1][0]).default_name()
+    assert (out / first / "report.json").exists()
+    assert (out / (first + "-rep2") / "report.json").exists()
+    for only, repeats in (([first], 3), ([first + "-rep3"], 3), ([first], 1)):
+        trained.clear()
+        tables.run_table("levers", base, out_dir=str(out), only=only, repeats=repeats,
+                         log=lambda _: None)
+        assert trained == ([first + "-rep3"] if repeats == 3 else [])

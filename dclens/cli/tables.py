@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         "runs after the first are named -rep2, -rep3, ...) and show each row's mean and "
         "sd: single runs differ by about 0.07 in val between seeds at reduced scales")
     add("--row", action="append", dest="rows", metavar="NAME",
-        help="train only this row (its run name, as --dry_run prints it; repeatable); the "
-        "other rows are read back if finished, else left 'not run'")
+        help="train only this row (its run name, as --dry_run prints it; repeatable; with "
+        "--repeats N the row's first name selects its N runs, NAME-rep2 that one alone); "
+        "the other rows are read back if finished, else left 'not run'")
     add("--render", action="store_true", help="train nothing: write table.md from the "
         "finished rows, the others marked 'not run'")
     common_flags.add_quiet(parser)

@@ -314,6 +314,7 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
             f"options; its runs are {', '.join(run_names)} (scripts/tables.py --dry_run "
             f"lists them)")
     title, rows = TABLES[table]
+    only = _with_repeats(only, rows, base, repeats)
     entries = [_row_entry(row, row_options(base, row), base.dataset, None) for row in rows]
     summary = {"table": table, "title": title, "dataset": base.dataset,
                "options": dataclasses.asdict(base), "rows": entries}
@@ -336,6 +337,21 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
     _write_table(out_dir, summary, render(summary))
     log(f"table: {os.path.join(out_dir, 'table.md')}")
     return summary
+
+
+def _with_repeats(only: Collection[str] | None, rows: list[Row],
+                  base: paper_rows.ReproduceOptions, repeats: int) -> set[str] | None:
+    """``only`` with, for each row it names by its first run's name, that row's repeats
+    up to ``repeats`` (``--row NAME --repeats 3`` trains NAME's missing runs; a repeat's
+    own name, ``NAME-rep2``, selects that run alone)."""
+    if only is None:
+        return None
+    selected = set(only)
+    for row in rows:
+        names = [run.default_name() for run in repeated(row_options(base, row), repeats)]
+        if names[0] in selected:
+            selected.update(names)
+    return selected
 
 
 def _finished_repeats(options: paper_rows.ReproduceOptions, first: int, out_dir: str,
