@@ -296,8 +296,8 @@ def test_a_repeated_row_shows_the_mean_and_sd_of_its_runs():
 
 
 def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_path):
-    """The committed levers screen has two runs of its first two rows; regenerating the
-    table with the default --repeats 1 (as a later --row call does) must still show both."""
+    """The committed levers screen has several runs of its first row; regenerating the
+    table with the default --repeats 1 (as a later --row call does) must still show all."""
     import shutil
 
     source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
@@ -310,18 +310,22 @@ def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_pat
     summary = tables.run_table("levers", base, out_dir=str(out), train=False,
                                log=lambda _: None)
     first = summary["rows"][0]
-    assert first["runs"] == 2 and first["val_sd"] is not None
-    reports = [json.loads((out / name / "report.json").read_text())
-               for name in (first["name"], first["name"] + "-rep2")]
+    names = [first["name"]]
+    while (out / f"{first['name']}-rep{len(names) + 1}" / "report.json").exists():
+        names.append(f"{first['name']}-rep{len(names) + 1}")
+    assert len(names) >= 2
+    assert first["runs"] == len(names) and first["val_sd"] is not None
+    reports = [json.loads((out / name / "report.json").read_text()) for name in names]
     assert first["val"] == pytest.approx(np.mean([r["accuracy"]["val"] for r in reports]))
-    assert "(2 runs)" in (out / "table.md").read_text()
+    assert f"({len(names)} runs)" in (out / "table.md").read_text()
 
 
 def test_a_rows_name_with_repeats_selects_its_missing_runs_and_nothing_else(tmp_path,
                                                                            monkeypatch):
-    """``--row NAME --repeats 3`` trains NAME's runs that have not finished (the committed
-    screen has NAME and NAME-rep2: only NAME-rep3), ``NAME-rep3`` selects that run alone,
-    and other rows are never trained; without --repeats a finished NAME trains nothing."""
+    """``--row NAME --repeats N`` trains NAME's runs that have not finished (the committed
+    screen has NAME, NAME-rep2, ...: with N one more than those, only the missing one),
+    ``NAME-repN`` selects that run alone, and other rows are never trained; with only the
+    finished runs asked for (or without --repeats) nothing is trained."""
     import shutil
 
     source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
@@ -335,10 +339,15 @@ def test_a_rows_name_with_repeats_selects_its_missing_runs_and_nothing_else(tmp_
     monkeypatch.setattr(tables.reproduce, "reproduce",
                         lambda options, **_: trained.append(options.default_name()))
     first = tables.row_options(base, tables.TABLES["levers"][1][0]).default_name()
-    assert (out / first / "report.json").exists()
-    assert (out / (first + "-rep2") / "report.json").exists()
-    for only, repeats in (([first], 3), ([first + "-rep3"], 3), ([first], 1)):
+    finished = 1
+    while (out / f"{first}-rep{finished + 1}" / "report.json").exists():
+        finished += 1
+    assert (out / first / "report.json").exists() and finished >= 2
+    missing = f"{first}-rep{finished + 1}"
+    for only, repeats, expected in (([first], finished + 1, [missing]),
+                                    ([missing], finished + 1, [missing]),
+                                    ([first], finished, []), ([first], 1, [])):
         trained.clear()
         tables.run_table("levers", base, out_dir=str(out), only=only, repeats=repeats,
                          log=lambda _: None)
-        assert trained == ([first + "-rep3"] if repeats == 3 else [])
+        assert trained == expected
