@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -295,18 +296,22 @@ def test_a_repeated_row_shows_the_mean_and_sd_of_its_runs():
                   "--training_records", "tuning", "--repeats", "0", "--dry_run"])
 
 
-def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_path):
-    """The committed levers screen has several runs of its first row; regenerating the
-    table with the default --repeats 1 (as a later --row call does) must still show all."""
-    import shutil
-
+def _committed_screen(tmp_path: pathlib.Path):
+    """A copy of the committed levers screen (results/beyond/levers-fashion_mnist-t200)
+    and the options it was run with."""
     source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
               / "levers-fashion_mnist-t200")
     out = tmp_path / "levers"
     shutil.copytree(source, out)
-    base = tables.matched_noise(paper_rows.ReproduceOptions(
+    return out, tables.matched_noise(paper_rows.ReproduceOptions(
         "fashion_mnist", 1, teachers=200, max_records=3000, num_samples=20000,
         training_records="tuning"))
+
+
+def test_a_table_regenerated_without_repeats_keeps_every_finished_repeat(tmp_path):
+    """The committed levers screen has several runs of its first row; regenerating the
+    table with the default --repeats 1 (as a later --row call does) must still show all."""
+    out, base = _committed_screen(tmp_path)
     summary = tables.run_table("levers", base, out_dir=str(out), train=False,
                                log=lambda _: None)
     first = summary["rows"][0]
@@ -326,15 +331,7 @@ def test_a_rows_name_with_repeats_selects_its_missing_runs_and_nothing_else(tmp_
     screen has NAME, NAME-rep2, ...: with N one more than those, only the missing one),
     ``NAME-repN`` selects that run alone, and other rows are never trained; with only the
     finished runs asked for (or without --repeats) nothing is trained."""
-    import shutil
-
-    source = (pathlib.Path(__file__).resolve().parents[1] / "results" / "beyond"
-              / "levers-fashion_mnist-t200")
-    out = tmp_path / "levers"
-    shutil.copytree(source, out)
-    base = tables.matched_noise(paper_rows.ReproduceOptions(
-        "fashion_mnist", 1, teachers=200, max_records=3000, num_samples=20000,
-        training_records="tuning"))
+    out, base = _committed_screen(tmp_path)
     trained = []
     monkeypatch.setattr(tables.reproduce, "reproduce",
                         lambda options, **_: trained.append(options.default_name()))
