@@ -26,7 +26,8 @@ real half's records, shown again), so one record still changes one teacher; what
 teacher releases is still its image gradient on the public query batch, compressed by
 TopAgg, whose per-teacher bound is what the noise is calibrated to.  The vote's
 sensitivity and the ledger are unchanged (``tests/test_mismatch_negatives.py`` swaps one
-teacher's records and checks that no other teacher's batch changes).
+teacher's records and checks that no other teacher's weights or image gradients change
+and that the vote sum moves by at most TopAgg's 2 sqrt(k)).
 """
 
 from __future__ import annotations

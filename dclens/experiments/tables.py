@@ -305,16 +305,17 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
             f"pass --training_records tuning (got {base.records.value!r})")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise paper_rows.ReproduceError(f"repeats must be an integer >= 1, got {repeats!r}")
-    run_names = [run.default_name() for row in TABLES[table][1]
-                 for run in repeated(row_options(base, row), repeats)]
+    title, rows = TABLES[table]
+    row_runs = [[run.default_name() for run in repeated(row_options(base, row), repeats)]
+                for row in rows]
+    run_names = [name for names in row_runs for name in names]
     unknown = sorted(set(only or ()) - set(run_names))
     if unknown:
         raise paper_rows.ReproduceError(
             f"no row named {', '.join(map(repr, unknown))} in table {table} at these "
             f"options; its runs are {', '.join(run_names)} (scripts/tables.py --dry_run "
             f"lists them)")
-    title, rows = TABLES[table]
-    only = _with_repeats(only, rows, base, repeats)
+    only = _with_repeats(only, row_runs)
     entries = [_row_entry(row, row_options(base, row), base.dataset, None) for row in rows]
     summary = {"table": table, "title": title, "dataset": base.dataset,
                "options": dataclasses.asdict(base), "rows": entries}
@@ -339,16 +340,16 @@ def run_table(table: str, base: paper_rows.ReproduceOptions, *, out_dir: str,
     return summary
 
 
-def _with_repeats(only: Collection[str] | None, rows: list[Row],
-                  base: paper_rows.ReproduceOptions, repeats: int) -> set[str] | None:
-    """``only`` with, for each row it names by its first run's name, that row's repeats
-    up to ``repeats`` (``--row NAME --repeats 3`` trains NAME's missing runs; a repeat's
-    own name, ``NAME-rep2``, selects that run alone)."""
+def _with_repeats(only: Collection[str] | None,
+                  row_runs: list[list[str]]) -> set[str] | None:
+    """``only`` with, for each row it names by its first run's name, all of that row's
+    run names (``row_runs``: each row's runs, first then its repeats), so ``--row NAME
+    --repeats 3`` trains NAME's missing runs; a repeat's own name, ``NAME-rep2``, selects
+    that run alone."""
     if only is None:
         return None
     selected = set(only)
-    for row in rows:
-        names = [run.default_name() for run in repeated(row_options(base, row), repeats)]
+    for names in row_runs:
         if names[0] in selected:
             selected.update(names)
     return selected
