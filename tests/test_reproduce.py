@@ -239,6 +239,59 @@ def test_levers_beyond_the_paper_are_named_deviations():
             paper_rows.ReproduceOptions(learning_rate=bad)
 
 
+def test_equal_epsilon_tradeoff_levers_keep_the_budget_and_change_the_steps():
+    """--sigma_factor and --train_batch_size (issue 39's lever 3): the budget stays the
+    one the run had without them, the ledger's sigma / queries per step are the ones used,
+    so the steps at that budget move as RDP says (~F^2 times, ~paper batch / B times)."""
+    def steps(config):
+        return accounting.max_steps_within(
+            sigma=config.topagg.sigma, topk=config.topagg.topk,
+            queries_per_step=config.train.batch_size * config.train.g_step,
+            max_eps=config.budget.max_eps, delta=config.budget.delta,
+            conversion=config.budget.conversion)
+
+    screen = dict(teachers=200, max_records=3000, sigma_scale=0.05)
+    base, _ = paper_rows.build_config(paper_rows.ReproduceOptions(**screen))
+    assert steps(base) == 86
+    noisier = paper_rows.ReproduceOptions(**screen, sigma_factor=2.0)
+    assert noisier.default_name() == "fashion_mnist-eps1-t200-r3000-sigma0.05-sf2"
+    config, deviations = paper_rows.build_config(noisier)
+    assert config.topagg.sigma == 2 * base.topagg.sigma == 500.0
+    assert config.budget == base.budget and config.train == base.train
+    assert "sigma = 500 (2 x 250) under the same epsilon budget" in deviations[-1]
+    assert 4 * 86 - 4 <= steps(config) <= 4 * 87          # RDP: steps ~ sigma^2
+    cleaner, _ = paper_rows.build_config(paper_rows.ReproduceOptions(**screen,
+                                                                     sigma_factor=0.7))
+    assert cleaner.topagg.sigma == 175.0 and steps(cleaner) < 86 * 0.7 ** 2 + 1
+    small = paper_rows.ReproduceOptions(**screen, batch_size=5)
+    assert small.default_name() == "fashion_mnist-eps1-t200-r3000-sigma0.05-bs5"
+    config, deviations = paper_rows.build_config(small)
+    assert config.train.batch_size == 5 and config.topagg == base.topagg
+    assert config.budget == base.budget and "batch 5 instead of 15" in deviations[-1]
+    assert 3 * 86 - 3 <= steps(config) <= 3 * 87
+    # At the paper's scale the paper's sigma and batch are the base; the paper's values
+    # are no change at all.
+    full, _ = paper_rows.build_config(paper_rows.ReproduceOptions(sigma_factor=1.5))
+    assert full.topagg.sigma == 7500.0 and full.budget.max_eps == 1.0
+    same = paper_rows.ReproduceOptions(sigma_factor=1.0, batch_size=15)
+    assert same.default_name() == "fashion_mnist-eps1"
+    assert paper_rows.build_config(same) == (cfg.paper_preset("fashion_mnist", 1), [])
+    for bad in (0.0, -1.0, float("inf"), True, "2"):
+        with pytest.raises(paper_rows.ReproduceError, match="sigma_factor must be"):
+            paper_rows.ReproduceOptions(sigma_factor=bad)
+    with pytest.raises(paper_rows.ReproduceError, match="non_private run has none"):
+        paper_rows.ReproduceOptions(sigma_factor=2.0, non_private=True)
+    with pytest.raises(paper_rows.ReproduceError, match="batch_size must be an integer"):
+        paper_rows.ReproduceOptions(batch_size=0)
+    with pytest.raises(paper_rows.ReproduceError,
+                       match="batch_size 16 exceeds the partition size 15"):
+        paper_rows.ReproduceOptions(**screen, batch_size=16)
+    parsed = reproduce_cli.build_parser().parse_args(
+        ["fashion_mnist", "--eps", "1", "--sigma_factor", "1.5", "--train_batch_size", "5"])
+    assert (parsed.sigma_factor, parsed.train_batch_size) == (1.5, 5)
+    assert parsed.batch_size is None          # the classifier's batch is another flag
+
+
 def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):
     """--add_authors runs only the authors' protocol on the reported run's samples, keeps
     val/sen, resumes from its state file, and refuses what cannot be read."""

@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "M slots of each teacher's fake batch hold its own records under a wrong label, "
         "scored as fake (matching-aware teachers; the same sensitivity) [default: 0, the "
         "paper's]")
+    add("--sigma_factor", type=float, metavar="F", help="beyond the paper: the run's sigma "
+        "(after --sigma_scale) times F under the same epsilon budget: about F^2 times the "
+        "steps, each noisier (F > 1) or less noisy (F < 1) [default: 1, the paper's]")
+    add("--train_batch_size", type=int, metavar="B", help="beyond the paper: the training "
+        "batch (each teacher's real and fake halves, and the images voted on per step) "
+        "instead of the paper's 30 cut to the partition size, under the same epsilon "
+        "budget: fewer queries per step, more steps [default: the paper's]")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -170,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             learning_rate=args.train_learning_rate, class_guidance=args.class_guidance,
             class_direction_every=args.class_direction_every,
             class_guidance_form=args.class_guidance_form,
-            mismatch_negatives=args.mismatch_negatives)
+            mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
+            batch_size=args.train_batch_size)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

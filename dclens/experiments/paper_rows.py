@@ -87,6 +87,16 @@ class ReproduceOptions:
         teacher's fake batch hold its own records under a wrong label
         (:attr:`dclens.datalens.config.TrainConfig.mismatch_negatives`); still only its own
         partition, so the accounting is unchanged.
+      sigma_factor: beyond the paper (issue 39's lever 3): the run's sigma (the paper's,
+        times ``sigma_scale`` when set) times this factor, under the same epsilon budget.
+        RDP of the Gaussian vote grows with steps / sigma^2, so about ``sigma_factor**2``
+        times the steps: more, noisier steps (> 1) or fewer, cleaner ones (< 1) at equal
+        epsilon. The ledger accounts the sigma actually used.
+      batch_size: beyond the paper (issue 39's lever 3): the batch (each teacher's real and
+        fake halves, and the generated images voted on per step: the queries per step)
+        instead of the paper's 30 cut to the partition size. At most the partition size
+        (refused above it, where the run would cut it silently); under the same budget
+        about ``paper batch / batch_size`` times the steps.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -122,6 +132,8 @@ class ReproduceOptions:
     class_direction_every: int = 0
     class_guidance_form: str | None = None
     mismatch_negatives: int | None = None
+    sigma_factor: float | None = None
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -185,6 +197,15 @@ class ReproduceOptions:
                 or not isinstance(self.mismatch_negatives, int) or self.mismatch_negatives < 0):
             raise ReproduceError(f"mismatch_negatives must be an integer >= 0 (0: the "
                                  f"paper's teachers), got {self.mismatch_negatives!r}")
+        if self.sigma_factor is not None:
+            if (isinstance(self.sigma_factor, bool)
+                    or not isinstance(self.sigma_factor, (int, float))
+                    or not math.isfinite(self.sigma_factor) or self.sigma_factor <= 0):
+                raise ReproduceError(f"sigma_factor must be a finite number > 0 (the run's "
+                                     f"sigma over the paper's), got {self.sigma_factor!r}")
+            if self.non_private:
+                raise ReproduceError("sigma_factor scales the noise of a private run; a "
+                                     "non_private run has none: give one of them")
         if self.class_guidance_form is not None and self.class_guidance_form not in {
                 f.value for f in cfg.GuidanceForm}:
             raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
@@ -194,7 +215,7 @@ class ReproduceOptions:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
                                  f"one of {[r.value for r in splits.TrainingRecords]}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
-                     "topk"):
+                     "topk", "batch_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -207,6 +228,14 @@ class ReproduceOptions:
             raise ReproduceError(f"max_records {self.max_records} exceeds the "
                                  f"{self.available_records} {self.records.value} training "
                                  f"records of {self.dataset}")
+        if self.batch_size is not None:
+            paper_teachers = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
+            partition = ((self.max_records or self.available_records)
+                         // self.resolved_teachers(paper_teachers))
+            if self.batch_size > partition:
+                raise ReproduceError(f"batch_size {self.batch_size} exceeds the partition "
+                                     f"size {partition} (records per teacher), to which a "
+                                     f"run cuts its batch; give at most {partition}")
 
     @property
     def records(self) -> splits.TrainingRecords:
@@ -273,6 +302,10 @@ class ReproduceOptions:
                 name += "m"
         if self.mismatch_negatives:
             name += f"-mm{self.mismatch_negatives}"
+        if self.sigma_factor is not None and self.sigma_factor != 1:
+            name += f"-sf{self.sigma_factor:g}"
+        if self.batch_size is not None and self.batch_size != self.paper_batch:
+            name += f"-bs{self.batch_size}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -280,6 +313,12 @@ class ReproduceOptions:
         if self.non_private:
             name += "-nonprivate"
         return name
+
+    @property
+    def paper_batch(self) -> int:
+        """The paper run's effective batch: its batch_size cut to its partition size."""
+        paper = cfg.paper_preset(self.dataset, self.eps).train
+        return min(paper.batch_size, TRAIN_RECORDS[self.dataset] // paper.num_teachers)
 
     def fidelity_tags(self) -> list[str]:
         """The fidelity options this run sets, as name tags (empty: dclens' defaults)."""
@@ -314,6 +353,7 @@ def build_config(options: ReproduceOptions) -> tuple[cfg.DataLensConfig, list[st
     if options.sigma_scale is not None and options.sigma_scale != 1:
         deviations.append(_noise_matched(options, paper, topagg, budget))
     deviations += _levers(options, paper, train, budget)
+    deviations += _equal_epsilon_tradeoff(options, paper, train, topagg)
     config = paper.replace(train=train, topagg=topagg, budget=budget)
     if options.non_private:
         config, deviation = _non_private(options, config)
@@ -326,7 +366,7 @@ def _scale_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
     """Teachers, records, samples, chunk and epochs (``train``'s settings) and their words."""
     paper_teachers = paper.train.num_teachers
     records = options.max_records or options.available_records
-    paper_batch = min(paper.train.batch_size, TRAIN_RECORDS[options.dataset] // paper_teachers)
+    paper_batch = options.paper_batch
     teachers = options.resolved_teachers(paper_teachers)
     deviations: list[str] = []
     if teachers != paper_teachers:
@@ -429,6 +469,33 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         train["training_records"] = options.records
         deviations.append("beyond the paper: trained on " + splits.describe(
             options.records, TRAIN_RECORDS[options.dataset]))
+    return deviations
+
+
+def _equal_epsilon_tradeoff(options: ReproduceOptions, paper: cfg.DataLensConfig,
+                           train: dict, topagg: dict) -> list[str]:
+    """Issue 39's lever 3 (``train``'s batch and ``topagg``'s sigma) and their words.
+
+    Both leave the budget alone (the paper's, or the noise-matched one already in place),
+    so the run spends the same epsilon over a different number of steps: RDP of the
+    Gaussian vote is linear in steps x queries per step / sigma^2.
+    """
+    deviations: list[str] = []
+    if options.sigma_factor is not None and options.sigma_factor != 1:
+        base_sigma = paper.topagg.sigma * (options.sigma_scale or 1.0)
+        topagg["sigma"] = base_sigma * float(options.sigma_factor)
+        each = "noisier" if options.sigma_factor > 1 else "less noisy"
+        deviations.append(f"beyond the paper: sigma = {topagg['sigma']:g} "
+                          f"({options.sigma_factor:g} x {base_sigma:g}) under the same "
+                          f"epsilon budget: about {options.sigma_factor ** 2:.3g} x the "
+                          f"steps, each {each}")
+    if options.batch_size is not None and options.batch_size != options.paper_batch:
+        train["batch_size"] = options.batch_size
+        deviations.append(f"beyond the paper: batch {options.batch_size} instead of "
+                          f"{options.paper_batch} (each teacher's real and fake halves and "
+                          f"the images voted on per step) under the same epsilon budget: "
+                          f"about {options.paper_batch / options.batch_size:.3g} x the "
+                          f"steps")
     return deviations
 
 

@@ -105,6 +105,12 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("matching-aware teachers, 10 of 15 fake slots", {}, mismatch_negatives=10),
         _row("matching-aware teachers + class guidance 1, margin form", {},
              mismatch_negatives=5, class_guidance=1.0, class_guidance_form="margin"),
+        _row("sigma x 1.5 (more, noisier steps at equal epsilon)", {}, sigma_factor=1.5),
+        _row("sigma x 2 (4x the steps at equal epsilon)", {}, sigma_factor=2.0),
+        _row("sigma x 0.7 (fewer, less noisy steps at equal epsilon)", {}, sigma_factor=0.7),
+        _row("batch 5 (a third of the queries per step: 3x the steps at equal epsilon)", {},
+             batch_size=5),
+        _row("top-k = 500 (k of the trade-off at equal epsilon)", {}, topk=500),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
