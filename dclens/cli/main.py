@@ -132,6 +132,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "class_guidance": "train.class_guidance",
                "class_guidance_form": "train.class_guidance_form",
                "mismatch_negatives": "train.mismatch_negatives",
+               "shared_teacher_init": "train.shared_teacher_init",
                "training_records": "train.training_records"}
 
 
@@ -287,6 +288,10 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="beyond the paper: the last M slots of each teacher's fake batch hold its own "
              "records under a wrong label, scored as fake (matching-aware teachers; the "
              "same sensitivity; 0: off, the paper's)")
+    add("--shared_teacher_init", action="store_const", const=True,
+        help="beyond the paper: every teacher starts from the same initial weights "
+             "instead of its own draw (data-independent; the same sensitivity) "
+             "[default: off, the paper's]")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

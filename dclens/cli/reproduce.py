@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         "batch (each teacher's real and fake halves, and the images voted on per step) "
         "instead of the paper's 30 cut to the partition size, under the same epsilon "
         "budget: fewer queries per step, more steps [default: the paper's]")
+    add("--shared_teacher_init", action="store_true", help="beyond the paper: every "
+        "teacher starts from the same initial weights instead of its own draw "
+        "(data-independent; the same sensitivity)")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             class_direction_every=args.class_direction_every,
             class_guidance_form=args.class_guidance_form,
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
-            batch_size=args.train_batch_size)
+            batch_size=args.train_batch_size,
+            shared_teacher_init=args.shared_teacher_init)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -327,6 +327,12 @@ class TrainConfig:
         the vote's sensitivity and the ledger are unchanged.  At most the teachers'
         batch (min(batch_size, partition size), checked when the run starts).  0 (the
         default): the paper's.
+      shared_teacher_init: beyond the paper (issue 39): every teacher starts from the
+        same initial weights (one draw from the run's seed) instead of its own
+        independent draw.  The
+        initialisation is data-independent, so each teacher's state is still a function of
+        its own partition only: the vote's sensitivity and the ledger are unchanged.
+        False (the default): the paper's independent initialisations.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -366,6 +372,7 @@ class TrainConfig:
     class_direction_every: int = 0
     class_guidance_form: GuidanceForm = GuidanceForm.CROSS_ENTROPY
     mismatch_negatives: int = 0
+    shared_teacher_init: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.class_guidance_form, GuidanceForm),
@@ -406,6 +413,9 @@ class TrainConfig:
                  f"mismatch_negatives must be an integer in [0, batch_size={self.batch_size}]"
                  f" (0: the paper's teachers; e.g. 5 of a batch of 15), got "
                  f"{self.mismatch_negatives!r}")
+        _require(isinstance(self.shared_teacher_init, bool),
+                 f"shared_teacher_init must be True or False, got "
+                 f"{self.shared_teacher_init!r}")
         _require(is_int(self.pretrain_teacher) and self.pretrain_teacher >= 0,
                  f"pretrain_teacher must be an integer >= 0, got {self.pretrain_teacher!r}")
         _require(is_finite_number(self.learning_rate) and self.learning_rate > 0,

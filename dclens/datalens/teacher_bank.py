@@ -365,12 +365,14 @@ class TeacherBank:
                directory: str | os.PathLike | None = None, resident_rows: int = 0,
                init_chunk: int = 256, first_teacher: int = 0,
                total_teachers: int | None = None,
-               direct_io: bool | None = None) -> "TeacherBank":
+               direct_io: bool | None = None, shared_init: bool = False) -> "TeacherBank":
         """A freshly initialised bank (teacher i's initial weights depend on (seed, i)).
 
         ``first_teacher`` / ``total_teachers``: this bank holds teachers [first_teacher,
         first_teacher + num_teachers) of a run of ``total_teachers`` (default: all of
         them), initialised exactly as those rows of the whole run's bank are (a shard).
+        ``shared_init``: every teacher gets the same initial weights: one teacher's draw
+        from the seed's first init stream (so every shard draws the same row).
         """
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers!r}")
@@ -405,8 +407,12 @@ class TeacherBank:
         for index in range(first_teacher // init_chunk, math.ceil(last / init_chunk)):
             start = index * init_chunk                  # the whole run's init chunk ...
             stop = min(start + init_chunk, total)
-            rows = initial_teacher_weights(layout, stop - start,
-                                           np.random.default_rng(seeds[index]))
+            if shared_init:      # one teacher's draw from the first chunk's stream
+                first = initial_teacher_weights(layout, 1, np.random.default_rng(seeds[0]))
+                rows = np.broadcast_to(first, (stop - start, layout.size))
+            else:
+                rows = initial_teacher_weights(layout, stop - start,
+                                               np.random.default_rng(seeds[index]))
             keep = slice(max(start, first_teacher) - start, min(stop, last) - start)
             bank._write_rows(0, max(start, first_teacher) - first_teacher, rows[keep])
         return bank

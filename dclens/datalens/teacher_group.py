@@ -119,7 +119,8 @@ class TeacherGroup:
         self.bank = teacher_bank.TeacherBank.create(
             parts.layout, len(members.partitions), seed=bank.seed, directory=bank.directory,
             resident_rows=bank.resident_rows, first_teacher=members.first,
-            total_teachers=members.total, direct_io=bank.direct_io)
+            total_teachers=members.total, direct_io=bank.direct_io,
+            shared_init=config.train.shared_teacher_init)
         self.dim = int(np.prod(members.images.shape[1:]))
 
     def _stream(self, *, with_adam: bool) -> ChunkStream:

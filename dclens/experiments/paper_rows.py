@@ -97,6 +97,9 @@ class ReproduceOptions:
         instead of the paper's 30 cut to the partition size. At most the partition size
         (refused above it, where the run would cut it silently); under the same budget
         about ``paper batch / batch_size`` times the steps.
+      shared_teacher_init: beyond the paper (issue 39): every teacher starts from the same
+        initial weights (:attr:`dclens.datalens.config.TrainConfig.shared_teacher_init`);
+        data-independent, so the accounting is unchanged.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -134,6 +137,7 @@ class ReproduceOptions:
     mismatch_negatives: int | None = None
     sigma_factor: float | None = None
     batch_size: int | None = None
+    shared_teacher_init: bool = False
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -154,6 +158,9 @@ class ReproduceOptions:
         if self.thresh is not None and not (isinstance(self.thresh, (int, float))
                                             and 0 <= self.thresh < 1):
             raise ReproduceError(f"thresh must be in [0, 1), got {self.thresh!r}")
+        if not isinstance(self.shared_teacher_init, bool):
+            raise ReproduceError(f"shared_teacher_init must be True or False, got "
+                                 f"{self.shared_teacher_init!r}")
         if not isinstance(self.balanced_partition, bool):
             raise ReproduceError(f"balanced_partition must be True or False, got "
                                  f"{self.balanced_partition!r}")
@@ -306,6 +313,8 @@ class ReproduceOptions:
             name += f"-sf{self.sigma_factor:g}"
         if self.batch_size is not None and self.batch_size != self.paper_batch:
             name += f"-bs{self.batch_size}"
+        if self.shared_teacher_init:
+            name += "-sharedinit"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -463,6 +472,10 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: matching-aware teachers (the last "
                           f"{options.mismatch_negatives} slots of each teacher's fake batch "
                           f"are its own records under a wrong label; the same sensitivity)")
+    if options.shared_teacher_init:
+        train["shared_teacher_init"] = True
+        deviations.append("beyond the paper: every teacher starts from the same initial "
+                          "weights (data-independent; the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:

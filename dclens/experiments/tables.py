@@ -111,6 +111,8 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("batch 5 (a third of the queries per step: 3x the steps at equal epsilon)", {},
              batch_size=5),
         _row("top-k = 500 (k of the trade-off at equal epsilon)", {}, topk=500),
+        _row("shared teacher initialisation (every teacher starts from the same weights)",
+             {}, shared_teacher_init=True),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
