@@ -14,8 +14,19 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import synthetic_fashion_mnist
-from dclens.datalens.config import DataLensConfig
+from dclens.datalens.config import BudgetConfig, DataLensConfig, TopAggConfig, TrainConfig
 from dclens.datalens.train import DataLens, TeacherPlacement
+
+
+def two_teacher_config(**train) -> DataLensConfig:
+    """The tiny run the swap check is made for (2 teachers in one chunk, batch 4, top-k
+    30, almost no budget limit) with ``train``'s settings over it."""
+    return DataLensConfig(
+        train=TrainConfig(**{"num_teachers": 2, "batch_size": 4, "d_step": 1,
+                             "pretrain_teacher": 1, "z_dim": 8, "teacher_chunk": 2,
+                             "num_samples": 10, **train}),
+        topagg=TopAggConfig(topk=30, sigma=5.0, thresh=0.2, max_grad=1e-5),
+        budget=BudgetConfig(max_eps=1e6))
 
 
 def assert_a_swapped_teacher_moves_only_itself(config: DataLensConfig, *,

@@ -19,10 +19,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import synthetic_fashion_mnist
-from teacher_swap import assert_a_swapped_teacher_moves_only_itself
+from teacher_swap import assert_a_swapped_teacher_moves_only_itself, two_teacher_config
 from dclens.datalens import mismatch, networks, teacher_op, teachers
-from dclens.datalens.config import (BudgetConfig, ConfigError, DataLensConfig, TopAggConfig,
-                                    TrainConfig)
+from dclens.datalens.config import ConfigError, DataLensConfig, TrainConfig
 from dclens.datalens.teachers import ADAM_BETA2, ADAM_EPSILON, ParamLayout, TeacherState
 from dclens.datalens.train import DataLens, TeacherPlacement
 
@@ -80,12 +79,7 @@ def test_the_fake_half_takes_the_teachers_own_records_in_its_last_slots():
 
 
 def _config(m: int, **train) -> DataLensConfig:
-    return DataLensConfig(
-        train=TrainConfig(**{"num_teachers": 2, "batch_size": 4, "d_step": 1,
-                             "pretrain_teacher": 1, "z_dim": 8, "teacher_chunk": 2,
-                             "num_samples": 10, "mismatch_negatives": m, **train}),
-        topagg=TopAggConfig(topk=30, sigma=5.0, thresh=0.2, max_grad=1e-5),
-        budget=BudgetConfig(max_eps=1e6))
+    return two_teacher_config(mismatch_negatives=m, **train)
 
 
 def test_the_teachers_train_on_the_mismatched_batch():

@@ -17,24 +17,18 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_fashion_mnist
-from teacher_swap import assert_a_swapped_teacher_moves_only_itself
+from teacher_swap import assert_a_swapped_teacher_moves_only_itself, two_teacher_config
 from dclens.cli import main as main_cli
 from dclens.cli import reproduce as reproduce_cli
 from dclens.datalens import networks, teacher_bank, teachers
-from dclens.datalens.config import (BudgetConfig, ConfigError, DataLensConfig, TopAggConfig,
-                                    TrainConfig)
+from dclens.datalens.config import ConfigError, DataLensConfig, TrainConfig
 from dclens.datalens.train import DataLens
 
 LAYOUT = teachers.ParamLayout.for_shape(networks.ImageShape(28, 28, 1, 10))
 
 
-def _config(shared: bool, **train) -> DataLensConfig:
-    return DataLensConfig(
-        train=TrainConfig(**{"num_teachers": 2, "batch_size": 4, "d_step": 1,
-                             "pretrain_teacher": 1, "z_dim": 8, "teacher_chunk": 2,
-                             "num_samples": 10, "shared_teacher_init": shared, **train}),
-        topagg=TopAggConfig(topk=30, sigma=5.0, thresh=0.2, max_grad=1e-5),
-        budget=BudgetConfig(max_eps=1e6))
+def _config(shared: bool) -> DataLensConfig:
+    return two_teacher_config(shared_teacher_init=shared)
 
 
 def _weights(bank: teacher_bank.TeacherBank) -> np.ndarray:
