@@ -387,13 +387,11 @@ def _scale_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
         if options.non_private:
             noise = ""
         elif options.sigma_scale is None:
-            noise = (f"; sigma, k and beta are the paper's, so the noise is "
-                     f"{relative_noise:g}x larger relative to the vote sum (at most "
-                     f"{teachers})")
+            noise = (f"; with the paper's sigma the noise is {relative_noise:g}x larger "
+                     f"relative to the vote sum (at most {teachers})")
         else:
-            noise = (f"; k and beta are the paper's, sigma is scaled (below), so the noise "
-                     f"relative to the vote sum (at most {teachers}) is {relative_noise:g}x "
-                     f"the paper's")
+            noise = (f"; sigma is scaled (below), so the noise relative to the vote sum "
+                     f"(at most {teachers}) is {relative_noise:g}x the paper's")
         deviations.append(
             f"{teachers} teachers instead of the paper's {paper_teachers} "
             f"(partitions of {records // teachers} records instead of "
@@ -530,8 +528,10 @@ def _noise_matched(options: ReproduceOptions, paper: cfg.DataLensConfig, topagg:
             f"x the paper's {paper.topagg.sigma:g}; at {teachers} teachers the noise relative "
             f"to the vote sum is the paper's at {teachers / options.sigma_scale:g}), and the "
             f"budget is raised to epsilon {budget['max_eps']:.4g}, between what the paper "
-            f"config's {steps} and {steps + 1} steps cost at that sigma{accounted}, so TopAgg "
-            f"runs the paper's {steps} steps{accounted} (a noise-matched reduced scale)")
+            f"config's {steps} and {steps + 1} steps cost at that sigma{accounted}, so the "
+            f"paper's TopAgg runs the paper's {steps} steps{accounted} (a noise-matched "
+            f"reduced scale; a row that changes k, sigma or the batch runs the steps this "
+            f"budget allows it)")
 
 
 def _non_private(options: ReproduceOptions,
