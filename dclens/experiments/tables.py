@@ -115,6 +115,9 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              {}, shared_teacher_init=True),
         _row("6000 teachers (1.5x the paper's: smaller partitions, a larger vote sum)", {},
              teachers=6000),
+        _row("top-k = 300 + sigma x 1.5 (more coordinates voted, and steps back)", {},
+             topk=300, sigma_factor=1.5),
+        _row("top-k = 500 + sigma x 1.5", {}, topk=500, sigma_factor=1.5),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
