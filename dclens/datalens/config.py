@@ -329,10 +329,10 @@ class TrainConfig:
         default): the paper's.
       shared_teacher_init: beyond the paper (issue 39): every teacher starts from the
         same initial weights (one draw from the run's seed) instead of its own
-        independent draw.  The
-        initialisation is data-independent, so each teacher's state is still a function of
-        its own partition only: the vote's sensitivity and the ledger are unchanged.
-        False (the default): the paper's independent initialisations.
+        independent draw.  The initialisation is data-independent, so each teacher's
+        state is still a function of its own partition only: the vote's sensitivity and
+        the ledger are unchanged.  False (the default): the paper's independent
+        initialisations.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
