@@ -404,12 +404,14 @@ class TeacherBank:
         bank = cls(arrays["weights"], arrays["adam_m"], arrays["adam_v"], arrays["steps"],
                    layout, resident_rows=resident_rows, direct_io=direct_io)
         last = first_teacher + num_teachers
+        # shared_init: one teacher's draw from the first chunk's stream, for every row
+        shared = (initial_teacher_weights(layout, 1, np.random.default_rng(seeds[0]))
+                  if shared_init else None)
         for index in range(first_teacher // init_chunk, math.ceil(last / init_chunk)):
             start = index * init_chunk                  # the whole run's init chunk ...
             stop = min(start + init_chunk, total)
-            if shared_init:      # one teacher's draw from the first chunk's stream
-                first = initial_teacher_weights(layout, 1, np.random.default_rng(seeds[0]))
-                rows = np.broadcast_to(first, (stop - start, layout.size))
+            if shared is not None:
+                rows = np.broadcast_to(shared, (stop - start, layout.size))
             else:
                 rows = initial_teacher_weights(layout, stop - start,
                                                np.random.default_rng(seeds[index]))
