@@ -65,6 +65,17 @@ def write_results(tmp: pathlib.Path) -> None:
     (tmp / "site").mkdir()
 
 
+def write_screening_runs(tmp: pathlib.Path) -> None:
+    """{tmp}/screen (trained on the tuning split) and {tmp}/private (not), each with 30
+    samples and the config.json a run writes, for tune_classifier.py."""
+    for name, records in (("screen", "tuning"), ("private", "private")):
+        write_samples(tmp / name)
+        (tmp / name / "samples" / "samples.npz").rename(tmp / name / "samples.npz")
+        (tmp / name / "samples").rmdir()
+        (tmp / name / "config.json").write_text(json.dumps({"config": {"train": {
+            "dataset": "fashion_mnist", "training_records": records}}}))
+
+
 @dataclasses.dataclass(frozen=True)
 class Tool:
     """A tool's small valid command and the outputs a refused call must not create."""
@@ -108,6 +119,9 @@ TOOLS = {
     "table1": Tool("table1", ("--results", "{tmp}/results", "--markdown", "{out}"),
                    out="site/README.md", outputs=("{out}", "{tmp}/site/table1.png"),
                    setup=write_results),
+    "tune_classifier": Tool("tune_classifier", ("{tmp}/screen", "--epochs", "1", "--quiet",
+                                                "--out", "{out}"),
+                            setup=write_screening_runs),
 }
 
 
@@ -367,6 +381,24 @@ MATRIX = [
         write_file("bench.json", '{"machine": {"cpu_model": ')),
     Bad("tables 6", "negative teachers", ("--teachers", "-5"),
         "tables.py: error: teachers must be an integer >= 1, got -5", bench_report),
+    # ---------------------------------------------------------------- tune_classifier.py
+    Bad("tune_classifier", "a run not trained on the tuning split", ("{tmp}/private",),
+        "tune_classifier.py: error: '{tmp}/private' trained on training_records 'private', "
+        "not 'tuning': the classifier's schedule may be chosen only on screening runs "
+        "(trained on the tuning split, scored on its holdout), never on a run whose scores "
+        "read private records or the test set"),
+    Bad("tune_classifier", "a run folder without samples", ("{tmp}/absent",),
+        "tune_classifier.py: error: '{tmp}/absent' has no samples.npz: give run directories "
+        "of finished screening runs (scripts/tables.py --training_records tuning)"),
+    Bad("tune_classifier", "learning rate 0", ("--learning_rates", "1e-3", "0"),
+        "tune_classifier.py: error: --learning_rates must be finite numbers > 0, got 0.0"),
+    Bad("tune_classifier", "a repeated learning rate", ("--learning_rates", "1e-3", "0.001"),
+        "tune_classifier.py: error: learning rates repeat: [0.001, 0.001]"),
+    Bad("tune_classifier", "0 epochs", ("--epochs", "0"),
+        "tune_classifier.py: error: --epochs must be >= 1, got 0"),
+    Bad("tune_classifier", "--out is a file", ("--out", "{tmp}/screen/samples.npz"),
+        "tune_classifier.py: error: --out '{tmp}/screen/samples.npz' exists and is not a "
+        "directory; choose another path"),
     # ---------------------------------------------------------------- table1.py
     Bad("table1", "--results is a file", ("--results", "{tmp}/results/fmnist-eps1/report.json"),
         "table1.py: error: --results '{tmp}/results/fmnist-eps1/report.json' is not a "

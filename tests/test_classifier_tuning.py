@@ -1,0 +1,145 @@
+"""Choosing the downstream classifier's schedule on the tuning split (issue 39):
+dclens/experiments/classifier_tuning.py and scripts/tune_classifier.py.
+
+What must hold: only screening runs (trained on the tuning split) are read; the choice is
+the highest mean ``val`` over the same runs, the earlier candidate on a tie; the scores
+are on the tuning holdout; an interrupted call resumes from its records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dclens.common import export
+from dclens.data import splits
+from dclens.evaluation import classifiers, evaluate
+from dclens.experiments import classifier_tuning
+from dclens.experiments.classifier_tuning import Candidate, TuningError
+from tests.conftest import write_idx
+
+PRIVATE = 80
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A Fashion-MNIST-shaped training split with a tuning split (class bars + noise)."""
+    root = tmp_path_factory.mktemp("tuning-data")
+    folder = root / "fashion_mnist"
+    folder.mkdir()
+    count = PRIVATE + splits.TUNING_RECORDS
+    labels = np.arange(count) % 10
+    images = np.random.default_rng(0).integers(0, 60, size=(count, 28, 28))
+    for i, label in enumerate(labels):
+        images[i, 2 * label + 2:2 * label + 6, 4:24] = 230
+    write_idx(folder / "train-images-idx3-ubyte.gz", images)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+def _run(folder, data_dir, records: str = "tuning", count: int = 100):
+    """A finished run's folder: samples.npz (class bars) and config.json."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    labels = np.arange(count) % 10
+    images = rng.uniform(0, 0.2, size=(count, 28, 28, 1)).astype(np.float32)
+    for i, label in enumerate(labels):
+        images[i, 2 * label + 2:2 * label + 6, 4:24] = 0.9
+    export.write_samples_npz(folder / "samples.npz", images, labels)
+    export.write_json(folder / "config.json", {"config": {"train": {
+        "dataset": "fashion_mnist", "data_dir": str(data_dir), "training_records": records}}})
+    return str(folder)
+
+
+def _row(name: str, runs: list[str], val: list[float]) -> dict:
+    return {"candidate": name, "runs": runs, "val": val,
+            "val_mean": float(np.mean(val)), "sen": val, "val_epochs": [1] * len(val),
+            "schedule": classifiers.DEFAULT_SCHEDULE.to_dict()}
+
+
+def test_choose_takes_the_highest_mean_val_and_the_earlier_on_a_tie():
+    runs = ["a", "b"]
+    assert classifier_tuning.choose([_row("lr0.001", runs, [0.3, 0.5]),
+                                     _row("lr0.0001", runs, [0.6, 0.4])]) == "lr0.0001"
+    assert classifier_tuning.choose([_row("lr0.001", runs, [0.4, 0.4]),
+                                     _row("lr0.0001", runs, [0.5, 0.3])]) == "lr0.001"
+    assert classifier_tuning.choose([_row("x", runs, [0.1, 0.1]), _row("y", runs, [0.2, 0.1]),
+                                     _row("z", runs, [0.9, 0.0])]) == "z"
+
+
+def test_choose_refuses_candidates_scored_on_different_runs():
+    with pytest.raises(TuningError, match="different runs"):
+        classifier_tuning.choose([_row("x", ["a", "b"], [0.1, 0.2]),
+                                  _row("y", ["a"], [0.9])])
+
+
+def test_learning_rate_candidates_keep_the_order_and_the_rest_of_the_schedule():
+    base = classifiers.Schedule(epochs=3)
+    candidates = classifier_tuning.learning_rate_candidates([1e-3, 1e-4], base=base)
+    assert [c.name for c in candidates] == ["lr0.001", "lr0.0001"]
+    assert candidates[1].schedule == classifiers.Schedule(epochs=3, learning_rate=1e-4)
+    with pytest.raises(TuningError, match="repeat"):
+        classifier_tuning.learning_rate_candidates([1e-3, 1e-3])
+    with pytest.raises(TuningError, match="name"):
+        Candidate("a/b", base)
+
+
+@pytest.mark.parametrize("records", ["all", "private", None])
+def test_runs_not_trained_on_the_tuning_split_are_refused_by_name(tmp_path, data_dir, records):
+    run = _run(tmp_path / "run", data_dir, records=records)
+    with pytest.raises(TuningError, match=f"training_records {records!r}, not 'tuning'"):
+        classifier_tuning.screening_run(run)
+    with pytest.raises(TuningError, match="no samples.npz"):
+        classifier_tuning.screening_run(str(tmp_path / "absent"))
+
+
+def test_candidates_are_scored_on_the_tuning_holdout_and_resume_from_their_records(
+        tmp_path, data_dir, monkeypatch):
+    runs = [_run(tmp_path / "runs" / name, data_dir) for name in ("r1", "r2")]
+    candidates = classifier_tuning.learning_rate_candidates(
+        [1e-3, 1e-2], base=classifiers.Schedule(epochs=2, batch_size=32))
+    out = str(tmp_path / "out")
+    records = classifier_tuning.evaluate_candidates(runs, candidates, out_dir=out,
+                                                    log=lambda line: None)
+    assert [(r["run"], r["candidate"]) for r in records] == [
+        ("r1", "lr0.001"), ("r1", "lr0.01"), ("r2", "lr0.001"), ("r2", "lr0.01")]
+    for record in records:
+        settings = record["evaluation"]["settings"]
+        assert settings["test_set"] == evaluate.TUNING_HOLDOUT
+        assert record["evaluation"]["test"]["samples"] == splits.TUNING_HOLDOUT_RECORDS
+        assert settings["schedule"]["learning_rate"] == float(record["candidate"][2:])
+    summary = classifier_tuning.summarise(records, candidates)
+    rows = {row["candidate"]: row for row in summary["rows"]}
+    best = max(rows.values(), key=lambda row: row["val_mean"])["candidate"]
+    assert summary["chosen"] == best
+    classifier_tuning.write_summary(summary, out)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert f"| {best} (chosen) |" in readme
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["chosen"] == best
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a record on disk was evaluated again")
+
+    monkeypatch.setattr(evaluate, "evaluate_path", must_not_train)
+    again = classifier_tuning.evaluate_candidates(runs, candidates, out_dir=out,
+                                                  log=lambda line: None)
+    assert [r["evaluation"]["protocols"] for r in again] == [
+        r["evaluation"]["protocols"] for r in records]
+    other = classifier_tuning.learning_rate_candidates(
+        [1e-3], base=classifiers.Schedule(epochs=3, batch_size=32))
+    with pytest.raises(TuningError, match="other evaluation settings"):
+        classifier_tuning.evaluate_candidates(runs, other, out_dir=out, log=lambda line: None)
+
+
+def test_the_cli_refuses_a_private_run_and_a_bad_rate_by_name(tmp_path, data_dir, capsys):
+    from dclens.cli import tune_classifier
+
+    private = _run(tmp_path / "private", data_dir, records="private")
+    assert tune_classifier.main([private, "--out", str(tmp_path / "o")]) == 2
+    assert "training_records 'private', not 'tuning'" in capsys.readouterr().err
+    screening = _run(tmp_path / "screen", data_dir)
+    assert tune_classifier.main([screening, "--learning_rates", "0", "--out",
+                                 str(tmp_path / "o")]) == 2
+    assert "--learning_rates must be finite numbers > 0, got 0.0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
