@@ -113,6 +113,7 @@ def test_candidates_are_scored_on_the_tuning_holdout_and_resume_from_their_recor
     rows = {row["candidate"]: row for row in summary["rows"]}
     best = max(rows.values(), key=lambda row: row["val_mean"])["candidate"]
     assert summary["chosen"] == best
+    assert summary["samples_per_run"] == [100]
     classifier_tuning.write_summary(summary, out)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert f"| {best} (chosen) |" in readme
@@ -143,3 +144,41 @@ def test_the_cli_refuses_a_private_run_and_a_bad_rate_by_name(tmp_path, data_dir
                                  str(tmp_path / "o")]) == 2
     assert "--learning_rates must be finite numbers > 0, got 0.0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_beyond_readme_shows_each_classifier_choice(tmp_path):
+    from dclens.experiments import beyond
+
+    beyond_dir = tmp_path / "beyond"
+    assert "downstream classifier" not in beyond.render(str(tmp_path / "none"),
+                                                        str(beyond_dir))
+    candidates = classifier_tuning.learning_rate_candidates([1e-3, 1e-4])
+    records = [{"run": run, "candidate": c.name, "evaluation": {"protocols": {
+        "val": {"accuracy": val, "epoch": 20}, "sen": {"accuracy": val + 0.1, "epoch": 2}}}}
+        for run, vals in (("a", (0.30, 0.61)), ("b", (0.40, 0.55)))
+        for c, val in zip(candidates, vals)]
+    summary = classifier_tuning.summarise(records, candidates)
+    assert summary["chosen"] == "lr0.0001"
+    classifier_tuning.write_summary(summary, str(beyond_dir / beyond.CLASSIFIER_DIR / "set1"))
+    text = beyond.render(str(tmp_path / "none"), str(beyond_dir))
+    assert "`classifier/set1` ([table](./classifier/set1/README.md), 2 runs: `a`, `b`)" in text
+    assert "| 0.001 | 0.350 +- 0.071 (2 runs) | 0.450 +- 0.071 (2 runs) |  |" in text
+    assert "| 0.0001 | 0.580 +- 0.042 (2 runs) | 0.680 +- 0.042 (2 runs) | yes |" in text
+
+
+def test_the_screen_epoch_profile_is_the_mean_over_screening_reports(tmp_path):
+    from dclens.experiments import beyond
+
+    assert beyond.screen_epoch_profile(str(tmp_path)) is None
+    curves = {"r1": ([0.6, 0.5] + [0.4] * 18, 0.9, 0.40),
+              "r2": ([0.4, 0.3] + [0.2] * 18, 0.8, 0.20)}
+    for run, (test, synthetic, val) in curves.items():
+        export.write_json(tmp_path / "levers-x" / run / "report.json", {"evaluation": {
+            "curves": {"test_accuracy": test, "val_accuracy": [0.5] * 19 + [synthetic]},
+            "protocols": {"val": {"accuracy": val}}}})
+    (tmp_path / "levers-x" / "table.json").write_text("{}")
+    profile = beyond.screen_epoch_profile(str(tmp_path))
+    assert profile["runs"] == 2
+    assert profile["val_mean"] == pytest.approx(0.30)
+    assert profile["synthetic_last"] == (0.8, 0.9)
+    assert profile["by_epoch"] == pytest.approx({1: 0.5, 2: 0.4, 5: 0.3, 10: 0.3, 20: 0.3})

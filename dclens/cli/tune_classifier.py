@@ -11,8 +11,10 @@ Adam, batch 256, 20 epochs; no IS/FID); the one with the highest mean val is cho
 <out>/<run>/<candidate>.json keeps each evaluation (a repeated call reuses them, so an
 interrupted call resumes), <out>/summary.json and <out>/README.md the table. Then
 evaluate private runs with the chosen rate unchanged:
-python scripts/evaluate.py RUN --learning_rate <chosen>. The first learning rate given is
-the default's (1e-3) unless you say otherwise; it is the one kept on a tie.
+python scripts/evaluate.py RUN --learning_rate <chosen>. On a tie the earlier learning
+rate is kept, so give the default's (1e-3) first. The choice holds for the number of
+samples it was made with (the classifier's steps per epoch grow with it): evaluate a
+larger run with --max_samples set to that number to keep the schedule the same.
 """
 
 from __future__ import annotations

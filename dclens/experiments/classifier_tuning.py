@@ -164,8 +164,10 @@ def summarise(records: Sequence[dict], candidates: Sequence[Candidate]) -> dict:
             "val_epochs": [r["evaluation"]["protocols"]["val"]["epoch"] for r in mine],
             "val_mean": val_mean, "val_sd": val_sd, "sen_mean": sen_mean, "sen_sd": sen_sd,
         })
+    samples = sorted({r["evaluation"]["input"]["samples"] for r in records
+                      if "input" in r["evaluation"]})
     return {"criterion": CRITERION, "scored_on": evaluate.TUNING_HOLDOUT, "rows": rows,
-            "chosen": choose(rows)}
+            "samples_per_run": samples, "chosen": choose(rows)}
 
 
 def choose(rows: Sequence[dict]) -> str:
@@ -197,6 +199,10 @@ def render(summary: dict) -> str:
         "private records. `val` chooses the epoch on held-out synthetic samples; `sen` is "
         "the best holdout accuracy over epochs (selects on what it reports; for "
         "comparison only). The chosen schedule is the highest mean `val`.",
+        "",
+        f"Samples per run: {', '.join(str(n) for n in summary.get('samples_per_run', []))} "
+        "(a choice holds for this many: evaluate a larger run with `--max_samples` set to "
+        "it to keep the classifier's steps the same).",
         "",
         "| candidate | schedule | `val` (mean +- sd) | `sen` (mean +- sd) | epochs `val` chose | runs |",
         "|---|---|---|---|---|---|",
