@@ -183,6 +183,20 @@ def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first
         copy["options"]["seed"] = seed
         copy["evaluation"]["protocols"]["val"]["accuracy"] = 0.5 + seed / 100
         (folder / "report.json").write_text(json.dumps(copy))
+    slower = beyond_dir / beyond.PAPER_SCALE_DIR / "run-c"       # scored with another lr
+    slower.mkdir()
+    copy = json.loads(json.dumps(report))
+    copy["evaluation"]["settings"]["schedule"]["learning_rate"] = 1e-4
+    copy["evaluation"]["settings"]["max_samples"] = 20000
+    (slower / "report.json").write_text(json.dumps(copy))
+    rows = beyond.tuned_rows(str(beyond_dir))
+    assert [row["runs"] for row in rows] == [["run-a", "run-b"], ["run-c"]]
+    fixture = " (classifier batch size 16, epochs 2)"      # the fixture's own schedule
+    assert rows[0]["name"].endswith(fixture)
+    assert rows[1]["name"] == rows[0]["name"].replace(fixture, (
+        " (classifier batch size 16, epochs 2, learning rate 0.0001, 20000 samples)"))
+    (slower / "report.json").unlink()
+    slower.rmdir()
     rows = beyond.tuned_rows(str(beyond_dir))
     assert len(rows) == 1 and rows[0]["runs"] == ["run-a", "run-b"]
     n, mean, sd = rows[0]["val"]

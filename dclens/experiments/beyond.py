@@ -24,6 +24,7 @@ import json
 import os
 
 from dclens.common import export, reporting
+from dclens.evaluation import classifiers
 from dclens.experiments import table1
 from dclens.experiments.paper_rows import ReproduceOptions
 
@@ -46,14 +47,32 @@ def faithful_rows(results_dir: str) -> list[dict]:
             and row["fake_rendering"] == "class_grid"]
 
 
+def _evaluated_with(report: dict) -> str:
+    """How a report's samples were scored, where it is not the default classifier
+    schedule (e.g. `` (classifier learning rate 0.0001, 20000 samples)``): part of a tuned row's
+    name, since the schedule is part of the tuned configuration."""
+    settings = report["evaluation"]["settings"]
+    schedule = settings.get("schedule", {})
+    default = classifiers.DEFAULT_SCHEDULE.to_dict()
+    changed = [f"{name.replace('_', ' ')} {schedule[name]:g}"
+               if isinstance(schedule[name], float) else
+               f"{name.replace('_', ' ')} {schedule[name]}"
+               for name in sorted(schedule) if schedule[name] != default.get(name)]
+    parts = [f"classifier {', '.join(changed)}"] if changed else []
+    if settings.get("max_samples") is not None:
+        parts.append(f"{settings['max_samples']} samples")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def tuned_rows(beyond_dir: str) -> list[dict]:
-    """Paper-scale runs of tuned configurations, grouped by their options but the seed."""
+    """Paper-scale runs of tuned configurations, grouped by their options but the seed
+    and by the classifier schedule that scored them."""
     groups: dict[str, list[tuple[dict, table1.RunFacts]]] = {}
     for path in sorted(glob.glob(os.path.join(beyond_dir, PAPER_SCALE_DIR, "*",
                                               "report.json"))):
         report = _read(path)
         options = ReproduceOptions(**{**report["options"], "seed": None})
-        groups.setdefault(options.default_name(), []).append(
+        groups.setdefault(options.default_name() + _evaluated_with(report), []).append(
             (report, table1.read_report(path)))
     rows = []
     for name, members in sorted(groups.items()):
