@@ -182,3 +182,19 @@ def test_the_screen_epoch_profile_is_the_mean_over_screening_reports(tmp_path):
     assert profile["val_mean"] == pytest.approx(0.30)
     assert profile["synthetic_last"] == (0.8, 0.9)
     assert profile["by_epoch"] == pytest.approx({1: 0.5, 2: 0.4, 5: 0.3, 10: 0.3, 20: 0.3})
+
+
+def test_the_cli_writes_its_table_and_the_beyond_readme(tmp_path, data_dir, capsys):
+    from dclens.cli import tune_classifier
+
+    run = _run(tmp_path / "runs" / "screen", data_dir)
+    out = tmp_path / "beyond" / "classifier" / "set1"
+    assert tune_classifier.main([run, "--learning_rates", "1e-3", "1e-2", "--epochs", "1",
+                                 "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    chosen = json.loads((out / "summary.json").read_text())["chosen"]
+    assert f"chosen: {chosen} ->" in printed
+    assert [p.name for p in sorted((out / "screen").iterdir())] == ["lr0.001.json",
+                                                                   "lr0.01.json"]
+    assert f"| {chosen} (chosen) |" in (out / "README.md").read_text()
+    assert "`classifier/set1`" in (tmp_path / "beyond" / "README.md").read_text()

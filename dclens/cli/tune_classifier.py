@@ -9,7 +9,8 @@ scores would look at private records or the test set. Every candidate learning r
 trains the authors' classifier on every run's samples (the default schedule otherwise:
 Adam, batch 256, 20 epochs; no IS/FID); the one with the highest mean val is chosen.
 <out>/<run>/<candidate>.json keeps each evaluation (a repeated call reuses them, so an
-interrupted call resumes), <out>/summary.json and <out>/README.md the table. Then
+interrupted call resumes), <out>/summary.json and <out>/README.md the table (and, for
+an --out of the form <beyond>/classifier/<set>, <beyond>/README.md is regenerated). Then
 evaluate private runs with the chosen rate unchanged:
 python scripts/evaluate.py RUN --learning_rate <chosen>. On a tie the earlier learning
 rate is kept, so give the default's (1e-3) first. The choice holds for the number of
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
-from dclens.experiments import classifier_tuning
+from dclens.experiments import beyond, classifier_tuning
 from dclens.evaluation import classifiers, evaluate
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
@@ -67,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune_classifier.py: error: {failure}", file=sys.stderr)
         return 2
     classifier_tuning.write_summary(summary, args.out)
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if os.path.basename(parent) == beyond.CLASSIFIER_DIR:
+        # results/beyond/classifier/<set>: results/beyond/README.md shows every choice.
+        beyond_dir = os.path.dirname(parent)
+        print(f"summary: {beyond.write_readme(beyond_dir, os.path.dirname(beyond_dir))}")
     for row in summary["rows"]:
         print(f"{row['candidate']}: val {row['val_mean']:.4f} over {len(row['runs'])} runs")
     print(f"chosen: {summary['chosen']} -> {args.out}/README.md")
