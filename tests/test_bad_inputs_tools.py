@@ -38,10 +38,11 @@ USAGE = 2           # every tool's exit status for a bad flag, path or input fil
 SAMPLES = "{tmp}/samples/samples.npz"
 
 
-def write_samples(tmp: pathlib.Path) -> None:
-    """30 samples as scripts/main.py writes them, for evaluate.py."""
+def write_samples(tmp: pathlib.Path, folder: str = "samples") -> None:
+    """30 samples as scripts/main.py writes them (``{tmp}/<folder>/samples.npz``), for
+    evaluate.py."""
     rng = np.random.default_rng(0)
-    export.write_samples_npz(tmp / "samples" / "samples.npz",
+    export.write_samples_npz(tmp / folder / "samples.npz",
                              rng.random((30, 28, 28, 1), dtype=np.float32),
                              np.arange(30) % 10)
 
@@ -69,9 +70,7 @@ def write_screening_runs(tmp: pathlib.Path) -> None:
     """{tmp}/screen (trained on the tuning split) and {tmp}/private (not), each with 30
     samples and the config.json a run writes, for tune_classifier.py."""
     for name, records in (("screen", "tuning"), ("private", "private")):
-        write_samples(tmp / name)
-        (tmp / name / "samples" / "samples.npz").rename(tmp / name / "samples.npz")
-        (tmp / name / "samples").rmdir()
+        write_samples(tmp, name)
         (tmp / name / "config.json").write_text(json.dumps({"config": {"train": {
             "dataset": "fashion_mnist", "training_records": records}}}))
 

@@ -54,10 +54,9 @@ def _evaluated_with(report: dict) -> str:
     settings = report["evaluation"]["settings"]
     schedule = settings.get("schedule", {})
     default = classifiers.DEFAULT_SCHEDULE.to_dict()
-    changed = [f"{name.replace('_', ' ')} {schedule[name]:g}"
-               if isinstance(schedule[name], float) else
-               f"{name.replace('_', ' ')} {schedule[name]}"
-               for name in sorted(schedule) if schedule[name] != default.get(name)]
+    changed = [f"{name.replace('_', ' ')} "
+               f"{format(value, 'g') if isinstance(value, float) else value}"
+               for name, value in sorted(schedule.items()) if value != default.get(name)]
     parts = [f"classifier {', '.join(changed)}"] if changed else []
     if settings.get("max_samples") is not None:
         parts.append(f"{settings['max_samples']} samples")
