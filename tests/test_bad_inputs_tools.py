@@ -398,6 +398,10 @@ MATRIX = [
     Bad("tune_classifier", "--out is a file", ("--out", "{tmp}/screen/samples.npz"),
         "tune_classifier.py: error: --out '{tmp}/screen/samples.npz' exists and is not a "
         "directory; choose another path"),
+    Bad("tune_classifier", "--out holds someone else's README.md", ("--out", "{tmp}/docs"),
+        "tune_classifier.py: error: '{tmp}/docs/README.md' exists and was not written by a "
+        "classifier choice (no summary.json beside it); give an empty or new --out folder",
+        write_file("docs/README.md", "# my notes\n")),
     # ---------------------------------------------------------------- table1.py
     Bad("table1", "--results is a file", ("--results", "{tmp}/results/fmnist-eps1/report.json"),
         "table1.py: error: --results '{tmp}/results/fmnist-eps1/report.json' is not a "

@@ -102,6 +102,7 @@ def evaluate_candidates(run_dirs: Sequence[str], candidates: Sequence[Candidate]
     """
     if not run_dirs:
         raise TuningError("give at least one screening run directory")
+    check_out_dir(out_dir)
     if not candidates:
         raise TuningError("give at least one candidate schedule")
     names = [c.name for c in candidates]
@@ -224,6 +225,16 @@ def render(summary: dict) -> str:
             cells.append(f"{row['val'][row['runs'].index(run)]:.3f}")
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def check_out_dir(out_dir: str) -> None:
+    """Refuses an ``out_dir`` holding a README.md that is not a choice's own (no
+    summary.json beside it): :func:`write_summary` would overwrite a file it did not
+    write."""
+    readme = os.path.join(out_dir, "README.md")
+    if os.path.exists(readme) and not os.path.exists(os.path.join(out_dir, "summary.json")):
+        raise TuningError(f"{readme!r} exists and was not written by a classifier choice "
+                          "(no summary.json beside it); give an empty or new --out folder")
 
 
 def write_summary(summary: dict, out_dir: str) -> None:
