@@ -162,3 +162,43 @@ def test_cli_writes_the_section_and_figure_and_refuses_bad_folders(results, tmp_
     empty.mkdir()
     assert cli.main(["--results", str(empty)]) == 2
     assert "no paper-config report.json" in capsys.readouterr().err
+
+
+def _tuned_report(name, seed, val, sen, *, learning_rate):
+    """A paper-scale report of a tuned configuration (results/beyond/paper-scale/<run>)."""
+    report = _report(name, 1, val, sen, paper_config=False)
+    report["options"] = {"dataset": "fashion_mnist", "eps": 1, "seed": seed,
+                         "training_records": "private"}
+    report["config"] = {"budget": {"conversion": "classic"},
+                        "train": {"training_records": "private"}}
+    report["deviations"] = ["private records only"]
+    report["evaluation"]["settings"] = {"schedule": {"learning_rate": learning_rate},
+                                        "max_samples": 20000}
+    return report
+
+
+def test_tuned_paper_scale_runs_form_their_own_marked_row_after_the_papers(results, capsys):
+    """results/README.md's table gains the tuned configurations run at the paper scale
+    (results/beyond/paper-scale/): one row per configuration (seeds grouped, the scoring
+    schedule part of the name), marked, after the paper-config rows, whose numbers stay."""
+    paper_scale = results / "beyond" / "paper-scale"
+    for name, seed, val, lr in (("tuned-seed1", 1, 0.60, 3e-5), ("tuned-seed2", 2, 0.64, 3e-5),
+                                ("other-lr", 1, 0.41, 1e-4)):
+        (paper_scale / name).mkdir(parents=True)
+        (paper_scale / name / "report.json").write_text(json.dumps(
+            _tuned_report(name, seed, val, 0.66, learning_rate=lr)))
+    assert _cli().main(["--results", str(results)]) == 0
+    text = (results / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| fashion_mnist, eps")]
+    assert len(rows) == 4                  # eps 1, eps 10, and the two tuned configurations
+    assert "beyond the paper" not in rows[0] and "beyond the paper" not in rows[1]
+    assert rows[0].split(" | ")[3] == "0.4000 +- 0.1000 (3 runs)"       # unchanged
+    name = "fashion_mnist-eps1-private (classifier learning rate {}, 20000 samples)"
+    assert f"**beyond the paper**: `{name.format('3e-05')}`" in rows[2] + rows[3]
+    tuned = next(row for row in rows if name.format("3e-05") in row)
+    assert tuned.split(" | ")[2:4] == ["2", "0.6200 +- 0.0283 (2 runs)"]
+    assert "| `beyond/paper-scale/tuned-seed2` |" in text
+    assert "A row marked **beyond the paper**" in text
+    (paper_scale / "other-lr" / "report.json").write_text("{")
+    assert _cli().main(["--results", str(results), "--print"]) == 2
+    assert "other-lr" in capsys.readouterr().err

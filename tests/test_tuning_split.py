@@ -216,6 +216,27 @@ def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first
     assert "0.5350 +- 0.0071 (2 runs)" in text
 
 
+def test_a_report_written_under_paper_scale_regenerates_the_beyond_readme(
+        indexed_dir, screening_report, tmp_path, capsys):
+    """reproduce.py --out <beyond>/paper-scale/<run> rewrites <beyond>/README.md, whose
+    paper-scale table then holds the run (here the screening run evaluated again)."""
+    reproduce_cli = load_script("reproduce")
+    beyond_dir = tmp_path / "results" / "beyond"
+    out = beyond_dir / beyond.PAPER_SCALE_DIR / "run-x"
+    argv = ["fashion_mnist", "--eps", "1", "--teachers", "4", "--max_records", "80",
+            "--num_samples", "60", "--train_epochs", "1", "--seed", "3",
+            "--teacher_chunk", "4", "--data_dir", str(indexed_dir),
+            "--training_records", "tuning", "--skip_train", "--no_reference",
+            "--out", str(out), "--run_dir", str(screening_report / "run"),
+            "--cache_dir", str(screening_report / "cache"), "--quiet", "--no_quality",
+            *TINY_EVAL]
+    assert reproduce_cli.main(argv) == 0
+    assert f"summary: {beyond_dir / 'README.md'}" in capsys.readouterr().out
+    text = (beyond_dir / "README.md").read_text()
+    assert "No tuned configuration has run" not in text
+    assert "(run-x)" in text and "| tuning |" in text
+
+
 def test_screening_settings_are_consistent_and_the_defaults_keep_their_cache_keys():
     settings = evaluate.EvalSettings()
     # Absent entries mean the defaults: the keys of caches written before the options.

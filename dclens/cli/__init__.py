@@ -11,7 +11,7 @@ from typing import Sequence
 from dclens.common import tf_env
 
 #: The tools that never import TensorFlow (their results need only the accountant).
-WITHOUT_TENSORFLOW = frozenset({"privacy", "plot_privacy", "table1"})
+WITHOUT_TENSORFLOW = frozenset({"privacy", "plot_privacy"})
 
 
 def run(name: str, argv: Sequence[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from dclens.datalens import config, run
 from dclens import data
 from dclens.runs import output_checks
 from dclens.experiments import reproduce
-from dclens.experiments import paper_rows
+from dclens.experiments import beyond, paper_rows, table1
 from dclens.evaluation import authors_protocol
 add_eval_arguments, settings_from_args = _EVAL_CLI.add_eval_arguments, _EVAL_CLI.settings_from_args
 
@@ -231,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             run.RunDirError, ValueError) as error:
         print(f"reproduce.py: error: {error}", file=sys.stderr)
         return 2
+    parent = os.path.dirname(os.path.abspath(out))
+    if os.path.basename(parent) == beyond.PAPER_SCALE_DIR:
+        # results/beyond/paper-scale/<run>: results/beyond/README.md groups those runs.
+        beyond_dir = os.path.dirname(parent)
+        try:
+            print(f"summary: {beyond.write_readme(beyond_dir, os.path.dirname(beyond_dir))}")
+        except table1.ReportError as error:     # the run's own report is written
+            print(f"reproduce.py: warning: {beyond_dir}/README.md not rewritten: {error}",
+                  file=sys.stderr)
     acc = report["accuracy"]
     banner = "paper config" if report["paper_config"] else "NOT the paper config"
     print(f"{report['name']} ({banner}): val {acc['val']:.4f} | sen {acc['sen']:.4f} | paper "

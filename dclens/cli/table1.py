@@ -4,7 +4,9 @@
   python scripts/table1.py --print              # the table on stdout only
 
 Reads every report.json under --results whose run is at the paper config, groups them by
-(dataset, epsilon), and writes the table (val, sen, the authors' protocol with range 1
+(dataset, epsilon), adds the tuned configurations run at the paper scale (every report in
+<results>/beyond/paper-scale/, one row per configuration, marked "beyond the paper"; see
+results/beyond/README.md), and writes the table (val, sen, the authors' protocol with range 1
 and 10; mean +- sample sd over runs; one line per run with commit, CPU and generator
 initialisation) between the table1 markers of --markdown, plus a figure of every run's
 real-test accuracy per classifier epoch (table1.png beside it). Reports are made by
@@ -14,10 +16,11 @@ scripts/reproduce.py; the authors' protocol is added with reproduce.py --add_aut
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
-from dclens.experiments import table1
+from dclens.experiments import beyond, table1
 from dclens.runs.output_checks import RunDirError, check_writable
 
 
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         runs = table1.collect(args.results)
+        tuned = [dataclasses.replace(run, name=f"beyond/{beyond.PAPER_SCALE_DIR}/{run.name}")
+                 for run in beyond.tuned_runs(os.path.join(args.results, "beyond"))]
     except table1.ReportError as error:
         print(f"table1.py: error: {error}", file=sys.stderr)
         return 2
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
               f"scripts/reproduce.py <dataset> --eps E first", file=sys.stderr)
         return 2
     if args.print_only:
-        print(table1.render(runs))
+        print(table1.render(runs + tuned))
         return 0
     markdown = args.markdown or os.path.join(args.results, "README.md")
     problem = unwritable_markdown(markdown)
@@ -78,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     figure = os.path.join(os.path.dirname(os.path.abspath(markdown)), "table1.png")
     try:        # the section first: its marker check refuses before anything is written
-        table1.write_section(markdown, table1.render(runs, figure="table1.png"))
+        table1.write_section(markdown, table1.render(runs + tuned, figure="table1.png"))
     except ValueError as error:
         print(f"table1.py: error: {error}", file=sys.stderr)
         return 2
     table1.plot(runs, figure)
-    print(f"{len(runs)} runs -> {markdown} and {figure}")
+    print(f"{len(runs)} paper-config runs, {len(tuned)} tuned -> {markdown} and {figure}")
     return 0
 
 

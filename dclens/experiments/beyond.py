@@ -1,6 +1,6 @@
 """``results/beyond/README.md``: DataLens beyond the paper, generated from the reports.
 
-Three parts, each read from files the runs wrote (nothing typed in by hand):
+Four parts, each read from files the runs wrote (nothing typed in by hand):
 
 1. the faithful reproduction at the paper scale (the Table 1 reports of the index
    partition under ``results/``: :func:`dclens.experiments.table1.collect`), the baseline;
@@ -19,6 +19,7 @@ Each row says its epsilon, accountant (the conversion), evaluation protocol and 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -63,20 +64,47 @@ def _evaluated_with(report: dict) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def configuration_name(report: dict) -> str:
+    """A paper-scale run's configuration: its options without the seed, and the
+    classifier schedule that scored it (``fashion_mnist-eps1-private (classifier learning
+    rate 3e-05, 20000 samples)``); runs of one name form one row."""
+    options = ReproduceOptions(**{**report["options"], "seed": None})
+    return options.default_name() + _evaluated_with(report)
+
+
+def tuned_runs(beyond_dir: str) -> list[table1.RunFacts]:
+    """Every paper-scale run under ``beyond_dir/paper-scale/`` (folder order), its
+    :attr:`~dclens.experiments.table1.RunFacts.configuration` set to its name.
+
+    Raises:
+      table1.ReportError: a report cannot be read (named).
+    """
+    runs = []
+    for path in sorted(glob.glob(os.path.join(beyond_dir, PAPER_SCALE_DIR, "*",
+                                              "report.json"))):
+        facts = table1.read_report(path)
+        try:
+            name = configuration_name(_read(path))
+        except (KeyError, TypeError) as error:
+            raise table1.ReportError(f"{path} is not a readable reproduction report "
+                                     f"(no {error}); restore it from the run that wrote "
+                                     "it (scripts/reproduce.py)") from error
+        runs.append(dataclasses.replace(facts, configuration=name))
+    return runs
+
+
 def tuned_rows(beyond_dir: str) -> list[dict]:
     """Paper-scale runs of tuned configurations, grouped by their options but the seed
     and by the classifier schedule that scored them."""
-    groups: dict[str, list[tuple[dict, table1.RunFacts]]] = {}
-    for path in sorted(glob.glob(os.path.join(beyond_dir, PAPER_SCALE_DIR, "*",
-                                              "report.json"))):
-        report = _read(path)
-        options = ReproduceOptions(**{**report["options"], "seed": None})
-        groups.setdefault(options.default_name() + _evaluated_with(report), []).append(
-            (report, table1.read_report(path)))
+    groups: dict[str, list[table1.RunFacts]] = {}
+    reports: dict[str, dict] = {}
+    for facts in tuned_runs(beyond_dir):
+        groups.setdefault(facts.configuration, []).append(facts)
+        reports.setdefault(facts.configuration, _read(os.path.join(
+            beyond_dir, PAPER_SCALE_DIR, facts.name, "report.json")))
     rows = []
-    for name, members in sorted(groups.items()):
-        report = members[0][0]
-        facts = [f for _, f in members]
+    for name, facts in sorted(groups.items()):
+        report = reports[name]
         rows.append({
             "name": name, "dataset": report["dataset"], "eps": report["eps"],
             "runs": [f.name for f in facts],
