@@ -1,8 +1,10 @@
 """A few-step DataLens run on tiny data writes every output and respects the budget."""
 
+import gc
 import json
 import os
 import shutil
+import weakref
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from dclens.privacy import accounting
 from dclens.common import export
 from dclens.datalens import outputs, run, step_log
+from dclens.datalens.train import DataLens
 from dclens.datalens.config import BudgetConfig, DataLensConfig, SaveVotes, TopAggConfig, TrainConfig
 
 TEACHERS, RECORDS, BATCH = 4, 80, 10          # partitions of 20 records, batch 10
@@ -310,3 +313,25 @@ def test_sampling_again_never_overwrites_samples_and_refuses_other_settings(fini
     with pytest.raises(run.RunDirError, match="train.dataset: the run has 'fashion_mnist', "
                                               "the command 'mnist'"):
         outputs.sample_run(str(copy), expect={"train.dataset": "mnist"}, log=lambda _: None)
+
+
+def test_train_run_releases_the_trained_lens_before_it_returns(tiny_fmnist_dir, tmp_path,
+                                                               monkeypatch):
+    """The DataLens of a finished run (its teachers: up to half the RAM at the paper
+    scale) sits in reference cycles; train_run collects it before returning, so what its
+    caller does next (reproduce.py's evaluation) does not hold the training's memory."""
+    alive = weakref.WeakSet()
+    original = DataLens.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        alive.add(self)
+
+    monkeypatch.setattr(DataLens, "__init__", recording_init)
+    gc.disable()          # only train_run's own collection may free it
+    try:
+        run.train_run(tiny_config(tiny_fmnist_dir, steps=1), str(tmp_path / "out"),
+                      progress=False, log=lambda _: None)
+        assert len(alive) == 0, "the trained DataLens is still alive after train_run"
+    finally:
+        gc.enable()

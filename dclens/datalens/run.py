@@ -25,6 +25,7 @@ for what may change between the two commands, :mod:`dclens.runs.journal` for the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -271,10 +272,17 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
                              checkpoint_every=checkpoint_every, hook=hook)
         training.open(facts, root_seed)
         first_step = lens.step
-        return training.finish(training.run(progress), first_step, started)
+        summary = training.finish(training.run(progress), first_step, started)
     finally:
         if lens.sharded:
             lens.teachers.close()
+    # The DataLens sits in reference cycles (its compiled functions refer back to it), so
+    # it would outlive this call until Python's next full collection; at the paper scale
+    # its teachers' resident tier is up to half the RAM, which the caller's next step (a
+    # reproduction's evaluation, a second run) would otherwise share the machine with.
+    del training, lens, dataset
+    gc.collect()
+    return summary
 
 
 def _warn_about_the_guarantee(config: DataLensConfig, log: Callable[[str], None]) -> None:
