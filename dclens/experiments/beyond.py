@@ -86,9 +86,7 @@ def tuned_runs(beyond_dir: str) -> list[table1.RunFacts]:
         try:
             name = configuration_name(_read(path))
         except (KeyError, TypeError) as error:
-            raise table1.ReportError(f"{path} is not a readable reproduction report "
-                                     f"(no {error}); restore it from the run that wrote "
-                                     "it (scripts/reproduce.py)") from error
+            raise table1.ReportError(table1.unreadable_message(path, f"no {error}")) from error
         runs.append(dataclasses.replace(facts, configuration=name))
     return runs
 

@@ -88,10 +88,10 @@ def read_report(path: str) -> RunFacts:
         return _facts(path, _load_report(path))
     except (KeyError, TypeError, AttributeError, IndexError) as error:
         problem = f"no {error}" if isinstance(error, KeyError) else str(error)
-        raise ReportError(_unreadable(path, problem)) from error
+        raise ReportError(unreadable_message(path, problem)) from error
 
 
-def _unreadable(path: str, problem: str) -> str:
+def unreadable_message(path: str, problem: str) -> str:
     return (f"{path} is not a readable reproduction report ({problem}); restore it from the "
             "run that wrote it (scripts/reproduce.py), or move its folder out of --results")
 
@@ -101,9 +101,9 @@ def _load_report(path: str) -> dict:
         with open(path, encoding="utf-8") as handle:
             report = json.load(handle)
     except (OSError, ValueError) as error:
-        raise ReportError(_unreadable(path, str(error))) from error
+        raise ReportError(unreadable_message(path, str(error))) from error
     if not isinstance(report, dict):
-        raise ReportError(_unreadable(path, f"a JSON {type(report).__name__}, not an object"))
+        raise ReportError(unreadable_message(path, f"a JSON {type(report).__name__}, not an object"))
     return report
 
 
