@@ -10,6 +10,7 @@ import pytest
 from dclens import data
 from dclens.data import splits
 from dclens.evaluation import dpimagebench, evaluate
+from dclens.evaluation import dpimagebench_networks as networks
 from dclens.evaluation.synthetic_input import EvaluationError
 
 SPEC = data.dataset_spec("fashion_mnist")
@@ -74,7 +75,7 @@ def test_selection_takes_the_latest_best_validation_epoch_and_only_the_validatio
 
 
 def test_the_resnet_has_dpimagebenchs_shape_and_independent_initializers():
-    model = dpimagebench.build_resnet((28, 28, 1), 10, depth=20, seed=3)
+    model = networks.build_resnet((28, 28, 1), 10, depth=20, seed=3)
     convs = [layer for layer in model.layers if layer.__class__.__name__ == "Conv2D"]
     assert len(convs) == 1 + 6 * 3 + 2                    # stem, 2 per block, 2 shortcuts
     assert all(not layer.use_bias for layer in convs)
@@ -86,7 +87,7 @@ def test_the_resnet_has_dpimagebenchs_shape_and_independent_initializers():
     macs = (28 * 28 * 9 * 16 + 6 * 28 * 28 * 9 * 16 * 16
             + 14 * 14 * 9 * 16 * 32 + 5 * 14 * 14 * 9 * 32 * 32 + 14 * 14 * 16 * 32
             + 7 * 7 * 9 * 32 * 64 + 5 * 7 * 7 * 9 * 64 * 64 + 7 * 7 * 32 * 64 + 64 * 10)
-    assert dpimagebench.forward_gflop(model) == pytest.approx(2 * macs / 1e9, rel=1e-12)
+    assert networks.forward_gflop(model) == pytest.approx(2 * macs / 1e9, rel=1e-12)
     # He-normal over fan-out: sd sqrt(2 / (9 * 64)) for a 64-filter 3x3 kernel (9 * 64 * 64
     # draws: the sample sd is within 3% of it).
     kernel = model.get_layer("layer3_1_conv1").kernel.numpy()
@@ -95,7 +96,7 @@ def test_the_resnet_has_dpimagebenchs_shape_and_independent_initializers():
     a = model.get_layer("layer3_1_conv1").kernel.numpy()
     b = model.get_layer("layer3_1_conv2").kernel.numpy()
     assert not np.allclose(a, b)
-    again = dpimagebench.build_resnet((28, 28, 1), 10, depth=20, seed=3)
+    again = networks.build_resnet((28, 28, 1), 10, depth=20, seed=3)
     for x, y in zip(model.weights, again.weights):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
     with pytest.raises(EvaluationError, match="6n\\+2"):
@@ -108,7 +109,7 @@ def test_the_weight_average_follows_dpimagebenchs_warm_up_exactly():
     recorded after every step."""
     import tensorflow as tf
 
-    model = dpimagebench.build_resnet((28, 28, 1), 10, depth=8, seed=1)
+    model = networks.build_resnet((28, 28, 1), 10, depth=8, seed=1)
     trainer = dpimagebench._Trainer(model, TINY)
     sample = _labeled(32, 0)
     x = tf.constant(dpimagebench.scaled(sample.images))
@@ -128,7 +129,7 @@ def test_the_weight_average_follows_dpimagebenchs_warm_up_exactly():
 
 
 def test_evaluation_uses_the_averaged_weights_and_restores_the_trained_ones():
-    model = dpimagebench.build_resnet((28, 28, 1), 10, depth=8, seed=2)
+    model = networks.build_resnet((28, 28, 1), 10, depth=8, seed=2)
     trainer = dpimagebench._Trainer(model, TINY)
     sample = _labeled(64, 1)
     trainer.train_epoch(dpimagebench.scaled(sample.images), sample.labels, 0,
@@ -208,8 +209,11 @@ def test_settings_refuse_screening_and_keep_old_cache_keys():
     with pytest.raises(EvaluationError, match="screening"):
         evaluate.EvalSettings(dpimagebench=protocol, quality=False,
                               test_set=evaluate.TUNING_HOLDOUT)
-    with pytest.raises(EvaluationError, match="not implemented"):
-        dpimagebench.DPImageBenchProtocol(classifiers=("resnet", "wrn"))
+    # A ResNet-only protocol keeps the key it had before WRN and ResNeXt were built.
+    assert set(protocol.to_dict()) == {
+        "generator_records", "classifiers", "resnet_depth", "generated_samples",
+        "train_samples", "epochs", "batch_size", "learning_rate", "lr_step_epochs",
+        "lr_gamma", "ema_decay"}
 
 
 def test_a_baseline_runs_records_reach_the_cli(tmp_path):

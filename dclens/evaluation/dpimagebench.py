@@ -33,10 +33,11 @@ report), so the reported accuracy is not itself differentially private with resp
 the 5,000 validation records -- they are outside the synthesizer's guarantee, which is
 the benchmark's design.
 
-Only ResNet is implemented (:func:`build_resnet`, depth 6n+2, DPImageBench's 110 by
-default).  On a small CPU all three are far out of reach (ResNet-110: ~0.6 GFLOP per
-training image, 55,000 x 50 of them); ``--dpimagebench_depth 20`` is the stated subset
-that fits, and is named in every record.
+All three classifiers are built (:mod:`dclens.evaluation.dpimagebench_networks`); the
+protocol runs the ResNet alone unless told otherwise (``classifiers``), because on a small
+CPU all three are far out of reach (a 28x28 image's forward pass is 0.39 GFLOP through
+ResNet-110, 2.0 through WRN-40-4, 8.2 through ResNeXt-29; 55,000 x 50 of them); ``--dpimagebench_depth 20`` is the
+stated subset that fits, and every record names the classifiers that ran.
 """
 
 from __future__ import annotations
@@ -50,16 +51,19 @@ import numpy as np
 
 from dclens import data
 from dclens.data import splits
+from dclens.evaluation import dpimagebench_networks as networks
 from dclens.evaluation import epoch_state
 from dclens.evaluation.synthetic_input import EvaluationError, train_split_name
 
 #: The last records of the training split, held out as the validation set.
 VALIDATION_RECORDS = 5_000
-#: DPImageBench's classifiers, of which :data:`IMPLEMENTED` run here.
+#: DPImageBench's classifiers; its reported accuracy is the mean over all three.
 CLASSIFIERS = ("resnet", "wrn", "resnext")
-IMPLEMENTED = ("resnet",)
-BN_EPSILON = 1e-5
-BN_MOMENTUM = 0.9          # torch's momentum 0.1
+#: Each classifier's architecture fields of :class:`DPImageBenchProtocol` (a record and a
+#: cache key carry only those of the classifiers that run).
+ARCHITECTURE_FIELDS = {"resnet": ("resnet_depth",),
+                       "wrn": ("wrn_depth", "wrn_widen", "wrn_dropout"),
+                       "resnext": ("resnext_depth", "resnext_cardinality", "resnext_widen")}
 ADAM_EPSILON = 1e-8        # torch's default
 
 
@@ -94,6 +98,12 @@ class DPImageBenchProtocol:
     generator_records: splits.TrainingRecords = splits.TrainingRecords.PRIVATE
     classifiers: tuple[str, ...] = ("resnet",)
     resnet_depth: int = 110
+    wrn_depth: int = 40
+    wrn_widen: int = 4
+    wrn_dropout: float = 0.3
+    resnext_depth: int = 29
+    resnext_cardinality: int = 8
+    resnext_widen: int = 4
     generated_samples: int = 60_000
     train_samples: int = 55_000
     epochs: int = 50
@@ -107,25 +117,23 @@ class DPImageBenchProtocol:
         object.__setattr__(self, "generator_records",
                            splits.TrainingRecords.parse(self.generator_records))
         object.__setattr__(self, "classifiers", tuple(self.classifiers))
-        for name in ("resnet_depth", "generated_samples", "train_samples", "epochs",
-                     "batch_size", "lr_step_epochs"):
+        for name in ("generated_samples", "train_samples", "epochs", "batch_size",
+                     "lr_step_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
-        if (self.resnet_depth - 2) % 6:
-            raise EvaluationError(f"resnet_depth must be 6n+2 (20, 32, 44, 56, 110, ...), "
-                                  f"got {self.resnet_depth}")
+        networks.check_resnet_depth(self.resnet_depth)
+        networks.check_wrn(self.wrn_depth, self.wrn_widen, self.wrn_dropout)
+        networks.check_resnext(self.resnext_depth, self.resnext_cardinality,
+                               self.resnext_widen)
         if self.train_samples > self.generated_samples:
             raise EvaluationError(f"train_samples ({self.train_samples}) exceeds "
                                   f"generated_samples ({self.generated_samples})")
         unknown = [c for c in self.classifiers if c not in CLASSIFIERS]
-        missing = [c for c in self.classifiers if c in CLASSIFIERS and c not in IMPLEMENTED]
-        if not self.classifiers or unknown:
-            raise EvaluationError(f"classifiers must be some of {list(CLASSIFIERS)}, got "
-                                  f"{list(self.classifiers)}")
-        if missing:
-            raise EvaluationError(f"{missing} are DPImageBench classifiers not implemented "
-                                  f"here (far beyond a CPU); use {list(IMPLEMENTED)}")
+        if not self.classifiers or unknown or len(set(self.classifiers)) != len(
+                self.classifiers):
+            raise EvaluationError(f"classifiers must be distinct names among "
+                                  f"{list(CLASSIFIERS)}, got {list(self.classifiers)}")
         for name in ("learning_rate", "lr_gamma"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -136,101 +144,72 @@ class DPImageBenchProtocol:
     @property
     def follows_dpimagebench(self) -> bool:
         """Their split, schedule and selection (everything but which classifiers run and
-        the ResNet's depth, which every record names)."""
-        return dataclasses.replace(self, classifiers=("resnet",), resnet_depth=110,
-                                   generator_records=splits.TrainingRecords.PRIVATE
-                                   ) == DPImageBenchProtocol()
+        their architectures, which every record names)."""
+        architectures = {name: getattr(DPImageBenchProtocol, name)
+                         for fields in ARCHITECTURE_FIELDS.values() for name in fields}
+        return dataclasses.replace(self, classifiers=("resnet",),
+                                   generator_records=splits.TrainingRecords.PRIVATE,
+                                   **architectures) == DPImageBenchProtocol()
+
+    @property
+    def runs_all_dpimagebench_classifiers(self) -> bool:
+        """All three of DPImageBench's classifiers, each at its architecture."""
+        theirs = DPImageBenchProtocol()
+        return set(self.classifiers) == set(CLASSIFIERS) and all(
+            getattr(self, name) == getattr(theirs, name)
+            for fields in ARCHITECTURE_FIELDS.values() for name in fields)
 
     def learning_rate_at(self, epoch: int) -> float:
         """The step schedule's rate in (0-based) ``epoch``."""
         return self.learning_rate * self.lr_gamma ** (epoch // self.lr_step_epochs)
 
     def to_dict(self) -> dict:
+        """The settings, with the architecture fields of the classifiers that run only
+        (so a ResNet-only record keeps the key it had before the others were built)."""
         values = dataclasses.asdict(self)
         values["generator_records"] = self.generator_records.value
         values["classifiers"] = list(self.classifiers)
+        for classifier, fields in ARCHITECTURE_FIELDS.items():
+            if classifier not in self.classifiers:
+                for name in fields:
+                    del values[name]
         return values
+
+
+def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
+    """The classifier with its architecture, as records and state files name it."""
+    if classifier == "resnet":
+        return f"resnet{protocol.resnet_depth}"
+    if classifier == "wrn":
+        return f"wrn{protocol.wrn_depth}-{protocol.wrn_widen}"
+    return (f"resnext{protocol.resnext_depth}-{protocol.resnext_cardinality}x"
+            f"{networks.RESNEXT_GROUP_WIDTH}d")
+
+
+def build_classifier(classifier: str, protocol: DPImageBenchProtocol,
+                     image_shape: tuple[int, int, int], num_classes: int, *, seed: int):
+    """``classifier``'s network with the protocol's architecture (a Keras model, images in
+    [-1, 1] to logits)."""
+    if classifier == "resnet":
+        return networks.build_resnet(image_shape, num_classes, depth=protocol.resnet_depth,
+                                     seed=seed)
+    if classifier == "wrn":
+        return networks.build_wide_resnet(image_shape, num_classes,
+                                          depth=protocol.wrn_depth,
+                                          widen=protocol.wrn_widen,
+                                          dropout=protocol.wrn_dropout, seed=seed)
+    if classifier == "resnext":
+        return networks.build_resnext(image_shape, num_classes,
+                                      depth=protocol.resnext_depth,
+                                      cardinality=protocol.resnext_cardinality,
+                                      widen=protocol.resnext_widen, seed=seed)
+    raise EvaluationError(f"unknown classifier {classifier!r}; DPImageBench's are "
+                          f"{list(CLASSIFIERS)}")
 
 
 def ema_decay_at(decay: float, update: int) -> float:
     """DPImageBench's (and TF's ``num_updates``) warm-up: min(decay, (1+n)/(10+n))."""
     return min(decay, (1 + update) / (10 + update))
-
-
-# --------------------------------------------------------------------------- the network
-
-def build_resnet(image_shape: tuple[int, int, int], num_classes: int, *, depth: int,
-                 seed: int):
-    """The CIFAR ResNet of DPImageBench's evaluator (He et al.'s 6n+2 BasicBlock net,
-    16-32-64 channels) as a Keras model mapping images in [-1, 1] to logits.
-
-    Convolutions have no bias and weights ~ N(0, 2 / (k*k*out)); batch normalisation
-    starts at gamma 1, beta 0; the final dense layer is torch's default (weights and bias
-    ~ U(+-1/sqrt(fan_in))).  Padding is explicit (one pixel each side), as torch's, so a
-    stride-2 convolution samples the same positions.  Every layer's initializer has its
-    own seed, derived from ``seed``.
-    """
-    import keras
-    layers = keras.layers
-
-    if (depth - 2) % 6:
-        raise EvaluationError(f"depth must be 6n+2, got {depth}")
-    blocks = (depth - 2) // 6
-    keys = iter(np.random.SeedSequence(int(seed)).generate_state(6 * blocks + 8, np.uint32)
-                >> 1)
-
-    def conv(h, filters, kernel, stride, name):
-        init = keras.initializers.RandomNormal(
-            stddev=math.sqrt(2.0 / (kernel * kernel * filters)), seed=int(next(keys)))
-        if kernel > 1:
-            h = layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(h)
-        return layers.Conv2D(filters, kernel, strides=stride, use_bias=False,
-                             kernel_initializer=init, name=name)(h)
-
-    def norm(h, name):
-        return layers.BatchNormalization(epsilon=BN_EPSILON, momentum=BN_MOMENTUM,
-                                         name=name)(h)
-
-    image = keras.Input(tuple(image_shape), name="image")
-    h = layers.ReLU()(norm(conv(image, 16, 3, 1, "conv1"), "bn1"))
-    channels = 16
-    for stage, filters in enumerate((16, 32, 64), start=1):
-        for block in range(blocks):
-            stride = 2 if stage > 1 and block == 0 else 1
-            name = f"layer{stage}_{block}"
-            out = layers.ReLU()(norm(conv(h, filters, 3, stride, f"{name}_conv1"),
-                                     f"{name}_bn1"))
-            out = norm(conv(out, filters, 3, 1, f"{name}_conv2"), f"{name}_bn2")
-            if stride != 1 or channels != filters:
-                h = norm(conv(h, filters, 1, stride, f"{name}_down"), f"{name}_down_bn")
-            h = layers.ReLU()(layers.Add()([out, h]))
-            channels = filters
-    h = layers.GlobalAveragePooling2D()(h)
-    bound = 1.0 / math.sqrt(channels)
-    logits = layers.Dense(
-        num_classes, name="fc",
-        kernel_initializer=keras.initializers.RandomUniform(-bound, bound,
-                                                            seed=int(next(keys))),
-        bias_initializer=keras.initializers.RandomUniform(-bound, bound,
-                                                          seed=int(next(keys))))(h)
-    return keras.Model(image, logits, name=f"resnet{depth}")
-
-
-def forward_gflop(model) -> float:
-    """GFLOP of one image's forward pass through ``model``'s convolutions and dense
-    layers (2 x multiply-adds), for the cost estimate logged before training."""
-    total = 0
-    for layer in model.layers:
-        if layer.__class__.__name__ == "Conv2D":
-            height, width = layer.output.shape[1:3]
-            total += height * width * int(np.prod(layer.kernel.shape))
-        elif layer.__class__.__name__ == "Dense":
-            total += int(np.prod(layer.kernel.shape))
-    return 2 * total / 1e9
-
-
-def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
-    return f"resnet{protocol.resnet_depth}" if classifier == "resnet" else classifier
 
 
 # --------------------------------------------------------------------------- training
@@ -336,13 +315,13 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
                  (scaled(test.images), test.labels)]
     init_seed, shuffle_seed = (int(s) for s in np.random.SeedSequence(seed)
                                .generate_state(2, np.uint32) >> 1)
-    model = build_resnet(synthetic.spec.image_shape, synthetic.spec.num_classes,
-                         depth=protocol.resnet_depth, seed=init_seed)
+    model = build_classifier(classifier, protocol, synthetic.spec.image_shape,
+                             synthetic.spec.num_classes, seed=init_seed)
     trainer = _Trainer(model, protocol)
     rng = np.random.default_rng(shuffle_seed)
     name = classifier_name(protocol, classifier)
     if log is not None:
-        flop = forward_gflop(model)
+        flop = networks.forward_gflop(model)
         work = flop * protocol.epochs * (3 * len(images) + len(monitored[0][0])
                                          + len(monitored[1][0])) / 1e3
         log(f"dpimagebench {name}: {flop * 1e3:.0f} MFLOP per image forward, about "
@@ -418,11 +397,10 @@ def run_dpimagebench(synthetic: data.LabeledImages, test: data.LabeledImages,
     log(f"dpimagebench protocol ({names}): {accuracy:.4f}")
     return {"accuracy": accuracy, "classifiers": entries, "settings": protocol.to_dict(),
             "follows_dpimagebench": protocol.follows_dpimagebench,
-            "all_dpimagebench_classifiers": (protocol.resnet_depth == 110 and
-                                             set(protocol.classifiers) == set(CLASSIFIERS)),
+            "all_dpimagebench_classifiers": protocol.runs_all_dpimagebench_classifiers,
             "validation": validation.source,
-            "description": (f"DPImageBench's eval.mode=val with {names} (theirs: resnet110, "
-                            "wrn, resnext): test accuracy at the epoch of best accuracy on "
+            "description": (f"DPImageBench's eval.mode=val with {names} (theirs: the mean "
+                            "of resnet110, wrn40-4, resnext29-8x64d): test accuracy at the epoch of best accuracy on "
                             f"{len(validation)} real training records the synthesizer did "
                             f"not train on ({protocol.generator_records.value} records)")}
 

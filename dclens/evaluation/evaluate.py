@@ -56,8 +56,9 @@ PROTOCOLS = {
             "test set, optimistic)"),
     "authors": ("the authors' evaluation script exactly: --range pickles in a 100,000-row "
                 "zero array, SGD 600 epochs, best test accuracy (selects on the test set)"),
-    "dpimagebench": ("DPImageBench's eval.mode=val: ResNet trained on 55,000 of 60,000 "
-                     "samples, the epoch chosen on 5,000 real training records the "
+    "dpimagebench": ("DPImageBench's eval.mode=val: the mean of its classifiers that ran "
+                     "(ResNet, WRN, ResNeXt), each trained on 55,000 of 60,000 samples, the "
+                     "epoch chosen on 5,000 real training records the "
                      "synthesizer never read"),
 }
 HEADLINE = "val"
