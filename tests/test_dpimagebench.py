@@ -210,10 +210,11 @@ def test_settings_refuse_screening_and_keep_old_cache_keys():
         evaluate.EvalSettings(dpimagebench=protocol, quality=False,
                               test_set=evaluate.TUNING_HOLDOUT)
     # A ResNet-only protocol keeps the key it had before WRN and ResNeXt were built.
-    assert set(protocol.to_dict()) == {
-        "generator_records", "classifiers", "resnet_depth", "generated_samples",
-        "train_samples", "epochs", "batch_size", "learning_rate", "lr_step_epochs",
-        "lr_gamma", "ema_decay"}
+    assert protocol.to_dict() == {
+        "generator_records": "private", "classifiers": ["resnet"], "resnet_depth": 110,
+        "generated_samples": 60_000, "train_samples": 55_000, "epochs": 50,
+        "batch_size": 256, "learning_rate": 0.01, "lr_step_epochs": 20, "lr_gamma": 0.2,
+        "ema_decay": 0.9999}
 
 
 def test_a_baseline_runs_records_reach_the_cli(tmp_path):

@@ -228,10 +228,28 @@ def test_the_wrn_drops_out_in_training_only_with_its_own_seeds():
     assert not any(layer.__class__.__name__ == "Dropout" for layer in plain.layers)
 
 
+def test_the_wrn_drops_out_between_its_blocks_two_convolutions():
+    """Dropout sits after relu(bn2(conv1(.))) and before conv2, in every block (torch's
+    BasicBlock.forward), which the inference-mode reference cannot see."""
+    model = networks.build_wide_resnet((28, 28, 1), 10, depth=16, widen=1, seed=3)
+    for stage in (1, 2, 3):
+        for block in (0, 1):
+            name = f"block{stage}_{block}"
+            drop = model.get_layer(f"{name}_drop")
+            relu = drop.input._keras_history.operation
+            assert relu.__class__.__name__ == "ReLU"
+            assert relu.input._keras_history.operation is model.get_layer(f"{name}_bn2")
+            assert model.get_layer(f"{name}_bn2").input._keras_history.operation is \
+                model.get_layer(f"{name}_conv1")
+            assert model.get_layer(f"{name}_conv2_pad").input is drop.output
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: networks.build_wide_resnet((28, 28, 1), 10, depth=41, seed=0), "6n\\+4.*41"),
     (lambda: networks.build_wide_resnet((28, 28, 1), 10, widen=0, seed=0), "widening.*0"),
     (lambda: networks.build_wide_resnet((28, 28, 1), 10, dropout=1.0, seed=0), "dropout.*1.0"),
+    (lambda: networks.build_wide_resnet((28, 28, 1), 10, dropout=True, seed=0),
+     "dropout.*True"),
     (lambda: networks.build_resnext((28, 28, 1), 10, depth=28, seed=0), "9n\\+2.*28"),
     (lambda: networks.build_resnext((28, 28, 1), 10, cardinality=0, seed=0),
      "cardinality.*0"),
@@ -261,12 +279,20 @@ ALL_THREE = dpimagebench.DPImageBenchProtocol(
 
 
 def test_the_protocol_reports_the_mean_of_all_three_classifiers(tmp_path):
+    """Run first with the ResNet alone, then with all three: the ResNet's saved state
+    serves the second call (its resume key is its own settings, not the list's)."""
     synthetic, validation, test = _labeled(100, 0), _labeled(20, 1), _labeled(20, 2)
+    prefix = str(tmp_path / "run")
+    alone = dpimagebench.run_dpimagebench(
+        synthetic, test, dataclasses.replace(ALL_THREE, classifiers=("resnet",)), seed=0,
+        validation=validation, state_prefix=prefix, log=lambda _: None)
+    lines = []
     record = dpimagebench.run_dpimagebench(synthetic, test, ALL_THREE, seed=0,
-                                           validation=validation,
-                                           state_prefix=str(tmp_path / "run"),
-                                           log=lambda _: None)
-    names = ["resnet8", "wrn10-1", "resnext11-2x64d"]
+                                           validation=validation, state_prefix=prefix,
+                                           log=lines.append)
+    assert "dpimagebench resnet8: resumed after epoch 1" in lines
+    assert record["classifiers"]["resnet8"] == alone["classifiers"]["resnet8"]
+    names = ["resnet8", "wrn10-1", "resnext11-2x64d-widen1"]
     assert list(record["classifiers"]) == names
     accuracies = [record["classifiers"][n]["accuracy"] for n in names]
     assert record["accuracy"] == pytest.approx(np.mean(accuracies), abs=1e-12)
@@ -281,11 +307,26 @@ def test_the_protocol_reports_the_mean_of_all_three_classifiers(tmp_path):
         assert name in record["description"]
 
 
+def test_each_classifier_has_its_own_keys_and_the_resnet_keeps_its_old_ones():
+    old = np.random.SeedSequence(11).generate_state(2, np.uint32) >> 1  # before WRN/ResNeXt
+    np.testing.assert_array_equal(dpimagebench.classifier_seeds("resnet", 11), old)
+    keys = {c: tuple(dpimagebench.classifier_seeds(c, 11)) for c in dpimagebench.CLASSIFIERS}
+    assert len({k for pair in keys.values() for k in pair}) == 6
+    theirs = dpimagebench.DPImageBenchProtocol(classifiers=("resnet", "wrn", "resnext"))
+    assert theirs.classifier_settings("resnet") == dpimagebench.DPImageBenchProtocol().to_dict()
+    assert theirs.classifier_settings("wrn") == dataclasses.replace(
+        theirs, classifiers=("wrn",), resnet_depth=20).to_dict()
+
+
 def test_the_protocol_names_and_checks_its_classifiers():
     theirs = dpimagebench.DPImageBenchProtocol(classifiers=("resnet", "wrn", "resnext"))
     assert theirs.runs_all_dpimagebench_classifiers and theirs.follows_dpimagebench
     assert [dpimagebench.classifier_name(theirs, c) for c in dpimagebench.CLASSIFIERS] == [
         "resnet110", "wrn40-4", "resnext29-8x64d"]
+    assert dpimagebench.classifier_name(dataclasses.replace(
+        theirs, wrn_dropout=0.0), "wrn") == "wrn40-4-drop0"
+    assert dpimagebench.classifier_name(dataclasses.replace(
+        theirs, resnext_widen=2), "resnext") == "resnext29-8x64d-widen2"
     assert not dataclasses.replace(theirs, wrn_widen=2).runs_all_dpimagebench_classifiers
     assert dataclasses.replace(theirs, wrn_widen=2).follows_dpimagebench  # named, not hidden
     assert not dataclasses.replace(theirs, epochs=10).follows_dpimagebench
@@ -313,10 +354,12 @@ def test_the_cli_chooses_the_classifiers():
     default = parser.parse_args(["x", "--protocol", "dpimagebench"])
     assert cli.settings_from_args(default, "fashion_mnist", "private").dpimagebench \
         .classifiers == ("resnet",)
-    pointless = parser.parse_args(["x", "--protocol", "dpimagebench", "--dpimagebench_depth",
-                                   "20", "--dpimagebench_classifiers", "wrn"])
-    with pytest.raises(ValueError, match="--dpimagebench_depth 20 .* trains no ResNet"):
-        cli.settings_from_args(pointless, "fashion_mnist", "private")
+    for depth in ("20", "110"):
+        pointless = parser.parse_args(["x", "--protocol", "dpimagebench",
+                                       "--dpimagebench_depth", depth,
+                                       "--dpimagebench_classifiers", "wrn"])
+        with pytest.raises(ValueError, match=f"--dpimagebench_depth {depth} .* no ResNet"):
+            cli.settings_from_args(pointless, "fashion_mnist", "private")
     alone = parser.parse_args(["x", "--dpimagebench_classifiers", "wrn"])
     with pytest.raises(ValueError, match="need --protocol dpimagebench"):
         cli.settings_from_args(alone, "fashion_mnist")

@@ -29,8 +29,7 @@ from dclens.evaluation import classifiers, evaluate, quality, record_outputs
 from dclens import data
 from dclens.datalens import class_signal
 from dclens.evaluation import authors_protocol, dpimagebench
-
-DPIMAGEBENCH_CLASSIFIERS = dpimagebench.CLASSIFIERS     # add_eval_arguments' flag shadows it
+from dclens.evaluation.dpimagebench import CLASSIFIERS as DPIMAGEBENCH_CLASSIFIERS
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
@@ -71,7 +70,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser, *, dpimagebench: bool = 
     add("--authors_epochs", type=int, help="with --protocol authors: fewer epochs than "
         "their 600 (a quick look; NOT the authors' protocol)")
     if dpimagebench:
-        add("--dpimagebench_depth", type=int, default=110,
+        add("--dpimagebench_depth", type=int, default=None,
             help="with --protocol dpimagebench: the ResNet's depth (6n+2; DPImageBench's "
             "110; 20 is the stated subset a small CPU can run, hours) [default: 110]")
         add("--dpimagebench_classifiers", nargs="+", choices=DPIMAGEBENCH_CLASSIFIERS,
@@ -124,17 +123,17 @@ def settings_from_args(args: argparse.Namespace, dataset: str,
                              "trained on: give --generator_records private (or evaluate a "
                              "run directory whose config.json says it)")
         chosen = tuple(args.dpimagebench_classifiers or ("resnet",))
-        if args.dpimagebench_depth != 110 and "resnet" not in chosen:
+        if args.dpimagebench_depth is not None and "resnet" not in chosen:
             raise ValueError(f"--dpimagebench_depth {args.dpimagebench_depth} sets the "
                              f"ResNet's depth, but --dpimagebench_classifiers "
                              f"{' '.join(chosen)} trains no ResNet: add resnet or drop "
                              "the depth")
         changes["dpimagebench"] = dpimagebench.DPImageBenchProtocol(
-            generator_records=records, resnet_depth=args.dpimagebench_depth,
-            classifiers=chosen)
-    elif getattr(args, "dpimagebench_depth", 110) != 110 or any(
-            getattr(args, name, None) is not None
-            for name in ("generator_records", "dpimagebench_classifiers")):
+            generator_records=records, classifiers=chosen,
+            **({} if args.dpimagebench_depth is None
+               else {"resnet_depth": args.dpimagebench_depth}))
+    elif any(getattr(args, name, None) is not None for name in
+             ("dpimagebench_depth", "generator_records", "dpimagebench_classifiers")):
         raise ValueError("--dpimagebench_depth, --dpimagebench_classifiers and "
                          "--generator_records need --protocol dpimagebench")
     return settings.replace(**changes)

@@ -175,15 +175,38 @@ class DPImageBenchProtocol:
                     del values[name]
         return values
 
+    def classifier_settings(self, classifier: str) -> dict:
+        """What one classifier's training depends on: the shared settings and its own
+        architecture (a ResNet's are the ResNet-only protocol's :meth:`to_dict`), so its
+        resume state serves any list of classifiers that includes it."""
+        return dataclasses.replace(self, classifiers=(classifier,)).to_dict()
+
 
 def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
-    """The classifier with its architecture, as records and state files name it."""
+    """The classifier with its whole architecture, as records and state files name it
+    (a setting other than DPImageBench's that the usual name does not carry is added:
+    ``-drop0.1``, ``-widen2``)."""
+    theirs = DPImageBenchProtocol()
     if classifier == "resnet":
         return f"resnet{protocol.resnet_depth}"
     if classifier == "wrn":
-        return f"wrn{protocol.wrn_depth}-{protocol.wrn_widen}"
-    return (f"resnext{protocol.resnext_depth}-{protocol.resnext_cardinality}x"
+        name = f"wrn{protocol.wrn_depth}-{protocol.wrn_widen}"
+        if protocol.wrn_dropout != theirs.wrn_dropout:
+            name += f"-drop{protocol.wrn_dropout:g}"
+        return name
+    name = (f"resnext{protocol.resnext_depth}-{protocol.resnext_cardinality}x"
             f"{networks.RESNEXT_GROUP_WIDTH}d")
+    if protocol.resnext_widen != theirs.resnext_widen:
+        name += f"-widen{protocol.resnext_widen}"
+    return name
+
+
+def classifier_seeds(classifier: str, seed: int) -> np.ndarray:
+    """Two independent keys (initial weights, minibatch order) for ``classifier`` from the
+    evaluation's ``seed``: each classifier its own (DPImageBench's networks see different
+    shuffles too); the ResNet's are the ones it had when it was the only classifier."""
+    entropy = seed if classifier == "resnet" else [seed, CLASSIFIERS.index(classifier)]
+    return np.random.SeedSequence(entropy).generate_state(2, np.uint32) >> 1
 
 
 def build_classifier(classifier: str, protocol: DPImageBenchProtocol,
@@ -313,8 +336,7 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
     images, labels = scaled(synthetic.images[rows]), synthetic.labels[rows].astype(np.int64)
     monitored = [(scaled(validation.images), validation.labels),
                  (scaled(test.images), test.labels)]
-    init_seed, shuffle_seed = (int(s) for s in np.random.SeedSequence(seed)
-                               .generate_state(2, np.uint32) >> 1)
+    init_seed, shuffle_seed = (int(s) for s in classifier_seeds(classifier, seed))
     model = build_classifier(classifier, protocol, synthetic.spec.image_shape,
                              synthetic.spec.num_classes, seed=init_seed)
     trainer = _Trainer(model, protocol)
@@ -329,7 +351,8 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
             "forward passes): at 50 GFLOP/s, a 2-core CPU's, about "
             f"{work * 1e3 / 50 / 3600:.1f} h; resumable after every epoch")
     state = epoch_state.EpochState(state_path, {
-        "settings": protocol.to_dict(), "classifier": name, "seed": seed,
+        "settings": protocol.classifier_settings(classifier), "classifier": name,
+        "seed": seed,
         "samples": epoch_state.samples_fingerprint(images, labels),
         "validation": epoch_state.samples_fingerprint(validation.images, validation.labels),
         "test": epoch_state.samples_fingerprint(test.images, test.labels)},

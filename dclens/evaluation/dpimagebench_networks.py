@@ -62,7 +62,8 @@ def check_wrn(depth: int, widen: int, dropout: float) -> None:
     if isinstance(widen, bool) or not isinstance(widen, int) or widen < 1:
         raise EvaluationError(f"the WRN's widening factor must be an integer >= 1, got "
                               f"{widen!r}")
-    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+    if isinstance(dropout, bool) or not (isinstance(dropout, (int, float))
+                                         and 0 <= dropout < 1):
         raise EvaluationError(f"the WRN's dropout rate must be in [0, 1), got {dropout!r}")
 
 
