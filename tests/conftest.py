@@ -66,6 +66,20 @@ def synthetic_fashion_mnist(count: int, seed: int = 0):
                               data.dataset_spec("fashion_mnist"), "synthetic")
 
 
+def band_images(count: int, seed: int):
+    """``count`` learnable Fashion-MNIST-shaped images: class c is a bright band at rows
+    2c+2..2c+5 over faint noise (for tests whose classifiers must learn something)."""
+    from dclens import data
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    images = rng.uniform(0, 0.3, size=(count, 28, 28, 1)).astype(np.float32)
+    for i, label in enumerate(labels):
+        images[i, 2 * label + 2:2 * label + 6, 4:24, 0] = 0.9
+    return data.LabeledImages(images, labels.astype(np.int64),
+                              data.dataset_spec("fashion_mnist"), f"synthetic-{seed}")
+
+
 def snapshot(folder) -> dict[str, bytes]:
     """Every file under ``folder`` (relative path -> bytes), to show nothing changed."""
     found = {}

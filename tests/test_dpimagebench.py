@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import band_images
 
 from dclens import data
 from dclens.data import splits
@@ -13,19 +14,8 @@ from dclens.evaluation import dpimagebench, evaluate
 from dclens.evaluation import dpimagebench_networks as networks
 from dclens.evaluation.synthetic_input import EvaluationError
 
-SPEC = data.dataset_spec("fashion_mnist")
 TINY = dpimagebench.DPImageBenchProtocol(resnet_depth=8, generated_samples=240,
                                          train_samples=200, epochs=2, batch_size=64)
-
-
-def _labeled(n: int, seed: int) -> data.LabeledImages:
-    """Learnable images: class c is a bright band at rows 2c+2..2c+5."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, n)
-    images = rng.uniform(0, 0.3, size=(n, 28, 28, 1)).astype(np.float32)
-    for i, label in enumerate(labels):
-        images[i, 2 * label + 2:2 * label + 6, 4:24, 0] = 0.9
-    return data.LabeledImages(images, labels.astype(np.int64), SPEC, f"synthetic-{seed}")
 
 
 def test_the_defaults_are_dpimagebenchs_and_the_schedule_steps_every_20_epochs():
@@ -111,7 +101,7 @@ def test_the_weight_average_follows_dpimagebenchs_warm_up_exactly():
 
     model = networks.build_resnet((28, 28, 1), 10, depth=8, seed=1)
     trainer = dpimagebench._Trainer(model, TINY)
-    sample = _labeled(32, 0)
+    sample = band_images(32, 0)
     x = tf.constant(dpimagebench.scaled(sample.images))
     y = tf.constant(sample.labels)
     reference = [v.numpy().astype(np.float64) for v in trainer.trainable]
@@ -131,7 +121,7 @@ def test_the_weight_average_follows_dpimagebenchs_warm_up_exactly():
 def test_evaluation_uses_the_averaged_weights_and_restores_the_trained_ones():
     model = networks.build_resnet((28, 28, 1), 10, depth=8, seed=2)
     trainer = dpimagebench._Trainer(model, TINY)
-    sample = _labeled(64, 1)
+    sample = band_images(64, 1)
     trainer.train_epoch(dpimagebench.scaled(sample.images), sample.labels, 0,
                         np.random.default_rng(0))
     trained = [v.numpy() for v in trainer.trainable]
@@ -146,7 +136,7 @@ def test_evaluation_uses_the_averaged_weights_and_restores_the_trained_ones():
 
 
 def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
-    synthetic, validation, test = _labeled(260, 2), _labeled(60, 3), _labeled(60, 4)
+    synthetic, validation, test = band_images(260, 2), band_images(60, 3), band_images(60, 4)
     straight = dpimagebench.train_classifier("resnet", synthetic, validation, test, TINY,
                                              seed=5)
     state = tmp_path / "state.npz"
@@ -184,7 +174,7 @@ def _run_epochs(synthetic, validation, test, state, stop_after):
 
 
 def test_the_protocol_learns_and_reports_the_mean_over_its_classifiers():
-    synthetic, validation, test = _labeled(300, 5), _labeled(100, 6), _labeled(200, 7)
+    synthetic, validation, test = band_images(300, 5), band_images(100, 6), band_images(200, 7)
     protocol = dataclasses.replace(TINY, generated_samples=300, train_samples=280, epochs=3)
     record = dpimagebench.run_dpimagebench(synthetic, test, protocol, seed=0,
                                            validation=validation, log=lambda _: None)
@@ -266,7 +256,7 @@ def test_evaluate_runs_it_on_the_last_records_and_refuses_a_run_that_read_them(t
     np.testing.assert_array_equal(256 * pixels[:, 0] + pixels[:, 1],
                                   np.arange(total - 5_000, total))
 
-    synthetic, test = _labeled(240, 8), _labeled(50, 9)
+    synthetic, test = band_images(240, 8), band_images(50, 9)
     settings = evaluate.EvalSettings(
         quality=False, schedule=evaluate.classifiers.Schedule(epochs=1),
         dpimagebench=dataclasses.replace(TINY, epochs=1))

@@ -10,15 +10,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import band_images
 from numpy.lib.stride_tricks import sliding_window_view
 
-from dclens import data
 from dclens.evaluation import dpimagebench
 from dclens.evaluation import dpimagebench_networks as networks
 from dclens.evaluation.synthetic_input import EvaluationError
-
-SPEC = data.dataset_spec("fashion_mnist")
-
 
 # ------------------------------------------------------------------ numpy reference
 
@@ -169,7 +166,8 @@ def test_the_sizes_are_the_published_ones():
     on 28x28x1 the forward pass is 2 x the multiply-adds counted here."""
     wrn = networks.build_wide_resnet((32, 32, 3), 10, seed=0)
     resnext = networks.build_resnext((32, 32, 3), 10, seed=0)
-    count = lambda model: sum(int(np.prod(v.shape)) for v in model.trainable_variables)  # noqa: E731
+    def count(model):
+        return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     assert count(wrn) == pytest.approx(8.9e6, rel=0.01)
     assert count(resnext) == pytest.approx(34.4e6, rel=0.01)
     assert wrn.name == "wrn40-4" and resnext.name == "resnext29-8x64d"
@@ -262,16 +260,6 @@ def test_bad_architectures_are_refused_by_value(call, message):
 
 # ------------------------------------------------------------------ the protocol
 
-def _labeled(n: int, seed: int) -> data.LabeledImages:
-    """Learnable images: class c is a bright band at rows 2c+2..2c+5."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, n)
-    images = rng.uniform(0, 0.3, size=(n, 28, 28, 1)).astype(np.float32)
-    for i, label in enumerate(labels):
-        images[i, 2 * label + 2:2 * label + 6, 4:24, 0] = 0.9
-    return data.LabeledImages(images, labels.astype(np.int64), SPEC, f"synthetic-{seed}")
-
-
 ALL_THREE = dpimagebench.DPImageBenchProtocol(
     classifiers=("resnet", "wrn", "resnext"), resnet_depth=8, wrn_depth=10, wrn_widen=1,
     resnext_depth=11, resnext_cardinality=2, resnext_widen=1, generated_samples=100,
@@ -281,7 +269,7 @@ ALL_THREE = dpimagebench.DPImageBenchProtocol(
 def test_the_protocol_reports_the_mean_of_all_three_classifiers(tmp_path):
     """Run first with the ResNet alone, then with all three: the ResNet's saved state
     serves the second call (its resume key is its own settings, not the list's)."""
-    synthetic, validation, test = _labeled(100, 0), _labeled(20, 1), _labeled(20, 2)
+    synthetic, validation, test = band_images(100, 0), band_images(20, 1), band_images(20, 2)
     prefix = str(tmp_path / "run")
     alone = dpimagebench.run_dpimagebench(
         synthetic, test, dataclasses.replace(ALL_THREE, classifiers=("resnet",)), seed=0,

@@ -36,8 +36,9 @@ the benchmark's design.
 All three classifiers are built (:mod:`dclens.evaluation.dpimagebench_networks`); the
 protocol runs the ResNet alone unless told otherwise (``classifiers``), because on a small
 CPU all three are far out of reach (a 28x28 image's forward pass is 0.39 GFLOP through
-ResNet-110, 2.0 through WRN-40-4, 8.2 through ResNeXt-29; 55,000 x 50 of them); ``--dpimagebench_depth 20`` is the
-stated subset that fits, and every record names the classifiers that ran.
+ResNet-110, 2.0 through WRN-40-4, 8.2 through ResNeXt-29; 55,000 x 50 of them);
+``--dpimagebench_depth 20`` is the stated subset that fits, and every record names the
+classifiers that ran.
 """
 
 from __future__ import annotations
@@ -423,9 +424,10 @@ def run_dpimagebench(synthetic: data.LabeledImages, test: data.LabeledImages,
             "all_dpimagebench_classifiers": protocol.runs_all_dpimagebench_classifiers,
             "validation": validation.source,
             "description": (f"DPImageBench's eval.mode=val with {names} (theirs: the mean "
-                            "of resnet110, wrn40-4, resnext29-8x64d): test accuracy at the epoch of best accuracy on "
-                            f"{len(validation)} real training records the synthesizer did "
-                            f"not train on ({protocol.generator_records.value} records)")}
+                            "of resnet110, wrn40-4, resnext29-8x64d): test accuracy at the "
+                            f"epoch of best accuracy on {len(validation)} real training "
+                            "records the synthesizer did not train on "
+                            f"({protocol.generator_records.value} records)")}
 
 
 def load_validation(dataset: str, data_dir, protocol: DPImageBenchProtocol

@@ -108,6 +108,14 @@ class _Layers:
     def relu(self, h):
         return self.layers.ReLU()(h)
 
+    def projection(self, h, filters: int, stride: int, name: str):
+        """A shortcut that changes the shape: strided 1x1 convolution, batch norm."""
+        return self.norm(self.conv(h, filters, 1, stride, name), f"{name}_bn")
+
+    def residual_sum(self, shortcut, branch):
+        """relu(shortcut + branch), the post-activation blocks' output."""
+        return self.relu(self.layers.Add()([shortcut, branch]))
+
     def dense(self, h, units: int, name: str, weights: str, zero_bias: bool):
         """The final layer: ``weights`` "uniform" (torch's default, +-1/sqrt(fan_in)) or
         "he_normal" (N(0, 2 / fan_in)); the bias torch's default or zero."""
@@ -143,9 +151,8 @@ def build_resnet(image_shape: tuple[int, int, int], num_classes: int, *, depth: 
                                       f"{name}_bn1"))
             out = make.norm(make.conv(out, filters, 3, 1, f"{name}_conv2"), f"{name}_bn2")
             if stride != 1 or channels != filters:
-                h = make.norm(make.conv(h, filters, 1, stride, f"{name}_down"),
-                              f"{name}_down_bn")
-            h = make.relu(keras.layers.Add()([out, h]))
+                h = make.projection(h, filters, stride, f"{name}_down")
+            h = make.residual_sum(out, h)
             channels = filters
     h = keras.layers.GlobalAveragePooling2D()(h)
     logits = make.dense(h, num_classes, "fc", "uniform", zero_bias=False)
@@ -212,9 +219,8 @@ def build_resnext(image_shape: tuple[int, int, int], num_classes: int, *,
             out = make.norm(make.conv(out, filters, 1, 1, f"{name}_expand"),
                             f"{name}_expand_bn")
             if channels != filters:
-                h = make.norm(make.conv(h, filters, 1, step, f"{name}_shortcut"),
-                              f"{name}_shortcut_bn")
-            h = make.relu(keras.layers.Add()([h, out]))
+                h = make.projection(h, filters, step, f"{name}_shortcut")
+            h = make.residual_sum(h, out)
             channels = filters
     h = keras.layers.GlobalAveragePooling2D()(h)
     logits = make.dense(h, num_classes, "fc", "he_normal", zero_bias=True)
