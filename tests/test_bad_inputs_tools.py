@@ -471,3 +471,33 @@ def test_bad_input_gets_its_error_and_writes_nothing(bad, tmp_path, tiny_fmnist_
     assert code == USAGE
     assert snapshot(tmp_path) == before
     assert [path for path in absent if path.exists()] == []
+
+
+def test_ctrl_c_in_reproduce_says_how_to_resume_in_one_line(tmp_path, tiny_fmnist_dir,
+                                                            monkeypatch):
+    """It used to end in a traceback from inside the teacher kernel (found on a
+    paper-scale run stopped after its checkpoint). During training it names the run's
+    ledger and checkpoint as scripts/main.py does; elsewhere, the command that goes on."""
+    from dclens.experiments import reproduce as experiment
+
+    tool = TOOLS["reproduce"]
+    names = {"tmp": str(tmp_path), "data": str(tiny_fmnist_dir),
+             "out": str(tmp_path / tool.out)}
+    argv = [flag.format(**names) for flag in tool.valid]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "reproduce", interrupted)
+    code, err = run_tool("reproduce", argv)
+    assert code == 130 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("reproduce.py: interrupted before the first step; kept: ")
+    assert lines[0].endswith("resume with: python scripts/reproduce.py " + " ".join(argv))
+    monkeypatch.setattr(experiment, "add_quality", interrupted)
+    code, err = run_tool("reproduce", [*argv, "--add_quality"])
+    assert code == 130
+    assert err.strip() == ("reproduce.py: interrupted; what was finished is kept and the "
+                           "same command goes on from it: python scripts/reproduce.py "
+                           + " ".join([*argv, "--add_quality"]))

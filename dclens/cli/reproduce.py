@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 
-from dclens.cli import common_flags
+from dclens.cli import common_flags, interrupted
 from dclens.data import splits
 from dclens.datalens import config as cfg
 from dclens.privacy.accounting import Conversion
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             config.ConfigError, ValueError) as error:
         parser.error(str(error))
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
+    run_dir = None                       # set once a training (or its resume) may start
     try:
         if args.add_authors is not None:
 
@@ -231,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             run.RunDirError, ValueError) as error:
         print(f"reproduce.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if run_dir is not None and not args.skip_train:
+            return interrupted.report("reproduce.py", run_dir, argv)
+        print(f"reproduce.py: interrupted; what was finished is kept and the same command "
+              f"goes on from it: {command}", file=sys.stderr)
+        return interrupted.EXIT_INTERRUPTED
     parent = os.path.dirname(os.path.abspath(out))
     if os.path.basename(parent) == beyond.PAPER_SCALE_DIR:
         # results/beyond/paper-scale/<run>: results/beyond/README.md groups those runs.
