@@ -146,19 +146,22 @@ class DPImageBenchProtocol:
     def follows_dpimagebench(self) -> bool:
         """Their split, schedule and selection (everything but which classifiers run and
         their architectures, which every record names)."""
-        architectures = {name: getattr(DPImageBenchProtocol, name)
-                         for fields in ARCHITECTURE_FIELDS.values() for name in fields}
+        theirs = DPImageBenchProtocol()
         return dataclasses.replace(self, classifiers=("resnet",),
                                    generator_records=splits.TrainingRecords.PRIVATE,
-                                   **architectures) == DPImageBenchProtocol()
+                                   **theirs.architectures) == theirs
 
     @property
     def runs_all_dpimagebench_classifiers(self) -> bool:
         """All three of DPImageBench's classifiers, each at its architecture."""
-        theirs = DPImageBenchProtocol()
-        return set(self.classifiers) == set(CLASSIFIERS) and all(
-            getattr(self, name) == getattr(theirs, name)
-            for fields in ARCHITECTURE_FIELDS.values() for name in fields)
+        return (set(self.classifiers) == set(CLASSIFIERS)
+                and self.architectures == DPImageBenchProtocol().architectures)
+
+    @property
+    def architectures(self) -> dict:
+        """Every classifier's architecture fields (:data:`ARCHITECTURE_FIELDS`) by name."""
+        return {name: getattr(self, name)
+                for fields in ARCHITECTURE_FIELDS.values() for name in fields}
 
     def learning_rate_at(self, epoch: int) -> float:
         """The step schedule's rate in (0-based) ``epoch``."""
