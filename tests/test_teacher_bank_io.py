@@ -100,6 +100,25 @@ def test_a_staging_view_moves_in_one_piece_without_a_copy(row_file, monkeypatch)
     assert calls == [1]
 
 
+@pytest.mark.parametrize("rows, wants_huge_pages", [(400, True), (2, False)])
+def test_large_staging_buffers_ask_for_huge_pages(monkeypatch, rows, wants_huge_pages):
+    # numpy asks for transparent huge pages for its large arrays (the RAM bank's); the
+    # staging buffers the fused kernel trains in must too, or a streamed chunk's tens of
+    # MB run on 4 KiB pages.  Buffers under one huge page are left alone.
+    if not hasattr(teacher_bank.mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    advised = []
+    monkeypatch.setattr(teacher_bank._PaddedBuffer, "madvise",
+                        lambda self, advice, *rest: advised.append((advice, len(self))),
+                        raising=False)
+    padded = teacher_bank.padded_columns(COLUMNS)
+    staging = teacher_bank.aligned_rows(rows, COLUMNS, padded)
+    size = rows * padded * 4
+    assert (size >= 2 << 20) == wants_huge_pages
+    assert advised == ([(teacher_bank.mmap.MADV_HUGEPAGE, size)] if wants_huge_pages else [])
+    assert not staging.any()
+
+
 def test_rows_of_other_layouts_are_not_taken_for_staging_views():
     padded = teacher_bank.padded_columns(COLUMNS) * 4
     staging = teacher_bank.aligned_rows(3, COLUMNS, padded // 4)
