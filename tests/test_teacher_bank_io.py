@@ -117,6 +117,27 @@ def test_large_staging_buffers_ask_for_huge_pages(monkeypatch, rows, wants_huge_
     assert (size >= 2 << 20) == wants_huge_pages
     assert advised == ([(teacher_bank.mmap.MADV_HUGEPAGE, size)] if wants_huge_pages else [])
     assert not staging.any()
+    # and the mapping is private: a shared anonymous one is shmem, which huge pages skip
+    flags = _mapping_flags(staging.ctypes.data)
+    if flags is not None:
+        assert "sh" not in flags, flags
+
+
+def _mapping_flags(address: int) -> list[str] | None:
+    """The VmFlags of the mapping holding ``address`` (Linux), else None."""
+    try:
+        text = open("/proc/self/smaps").read()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
 
 
 def test_rows_of_other_layouts_are_not_taken_for_staging_views():
