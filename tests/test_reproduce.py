@@ -75,6 +75,32 @@ def test_skip_train_evaluates_again_and_refuses_an_existing_run(tiny_report, cap
     assert report["generator_init"].startswith("unknown")
 
 
+def test_a_run_whose_outputs_were_cut_short_is_completed_not_refused(tiny_report, tmp_path,
+                                                                       capsys):
+    # A full disk while the final outputs are written leaves samples.npz but not the
+    # pickles after it or samples.png: the same command must write them again from the
+    # final checkpoint (no step and no privacy spent again), not call the run finished.
+    import shutil
+
+    root, argv = tiny_report
+    run_dir = tmp_path / "run"
+    shutil.copytree(root / "run", run_dir)
+    ledger_before = (run_dir / "ledger.json").read_text()
+    samples_before = (run_dir / "samples.npz").read_bytes()
+    pickles = sorted(run_dir.glob("eps-*.data-*.pkl"))
+    for cut in [run_dir / "samples.png", *pickles[len(pickles) // 2:]]:
+        cut.unlink()
+    argv2 = [str(run_dir) if a == str(root / "run") else
+             str(tmp_path / "report") if a == str(root / "report") else a for a in argv]
+    assert reproduce_cli.main(argv2) == 0
+    assert "already holds a finished run" not in capsys.readouterr().err
+    assert (run_dir / "samples.png").stat().st_size > 0
+    assert sorted(run_dir.glob("eps-*.data-*.pkl")) == pickles
+    assert (run_dir / "ledger.json").read_text() == ledger_before      # nothing spent again
+    assert (run_dir / "samples.npz").read_bytes() == samples_before    # the same samples
+    assert (tmp_path / "report" / "report.json").exists()
+
+
 def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_path):
     root, _ = tiny_report
     prefix = str(next((root / "run").glob("eps-*.data-0.pkl")))[:-len("-0.pkl")]

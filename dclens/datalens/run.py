@@ -177,7 +177,11 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
     hook("after_checkpoint", lens.step)
 
 
-def _outputs_exist(output_dir: str) -> bool:
+def outputs_complete(output_dir: str) -> bool:
+    """Whether a run directory holds every output a finished run writes: the generator,
+    samples.npz and samples.png, written in that order after the final checkpoint (with
+    the authors' pickles between the last two), so a crash while writing them (a full
+    disk, say) leaves this False and :func:`train_run` writes them again on resume."""
     paths = RunPaths(output_dir)
     return all(os.path.exists(path) for path in (paths.generator, paths.samples, paths.grid))
 
@@ -189,7 +193,7 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
     ledger.json): no data set, teacher state or TensorFlow.  A command with more epochs or
     a larger budget than the saved run may extend it, so it gets None (the full path).
     """
-    if plan.mode is not Mode.RESUME or not _outputs_exist(plan.paths.root) \
+    if plan.mode is not Mode.RESUME or not outputs_complete(plan.paths.root) \
             or not os.path.exists(plan.paths.journal):
         return None
     latest = CheckpointStore(plan.paths.checkpoints).latest()
@@ -476,7 +480,7 @@ class _Training:
         summary = RunSummary(lens.step, lens.ledger.queries, epsilon, stop_reason, output_dir,
                              time.perf_counter() - started, self.resumed_from,
                              self.journal.lost_queries)
-        if lens.step == first_step and self.finished and _outputs_exist(output_dir):
+        if lens.step == first_step and self.finished and outputs_complete(output_dir):
             log(f"the run in {output_dir} is already finished (stopped by {stop_reason} at "
                 f"step {lens.step}); nothing to do. Pass --restart to train it again.")
             return summary

@@ -136,11 +136,12 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         _check_trained(paths, config, log)
         train_seconds = None
     else:
-        if os.path.exists(paths.samples):
+        if run.outputs_complete(paths.root):
             raise ReproduceError(f"{paths.root} already holds a finished run; pass "
                                  f"--skip_train to evaluate it again, or choose another "
                                  f"--run_dir")
-        # An unfinished run with the same config there is resumed by train_run.
+        # An unfinished run with the same config there is resumed by train_run, and so is
+        # a finished one whose outputs were cut short (train_run writes them again).
         if deviations:
             log("NOT the paper config: " + "; ".join(deviations))
         train_seconds = run.train_run(config, paths.root, progress=progress, log=log,
