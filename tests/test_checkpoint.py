@@ -327,3 +327,35 @@ def test_low_disk_removes_the_old_checkpoint_first_or_refuses(tmp_path, monkeypa
     with pytest.raises(CheckpointSpaceError, match="GiB free; free disk space"):
         store.save(3, arrays(3.0), {})
     assert os.listdir(tmp_path) == []
+
+
+def test_room_for_the_final_outputs_comes_from_older_checkpoints_never_the_newest(
+        tmp_path, monkeypatch):
+    # A finished run writes its samples after the final checkpoint; a paper-scale run
+    # filled the disk there.  Older checkpoints are spares once the final one is complete:
+    # they go first, oldest first, and only while space is short; the newest always stays.
+    import collections
+
+    from dclens.runs import checkpoint
+
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (60, 120, 183):
+        store.save(step, arrays(float(step)), {})
+    usage = collections.namedtuple("usage", "total used free")
+    per_checkpoint = 100
+
+    def fake_usage(path):
+        # 50 bytes free, plus 100 for every checkpoint removed since
+        removed = 3 - len([n for n in os.listdir(tmp_path) if n.startswith("ckpt-")])
+        return usage(0, 0, 50 + per_checkpoint * removed)
+
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", fake_usage)
+    assert store.make_room_beside_latest(40) == []                   # room already
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000060", "ckpt-000120", "ckpt-000183"]
+    removed = store.make_room_beside_latest(120)                     # one spare is enough
+    assert removed == [str(tmp_path / "ckpt-000060")]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000120", "ckpt-000183"]
+    removed = store.make_room_beside_latest(10 ** 6)                 # never the newest
+    assert removed == [str(tmp_path / "ckpt-000120")]
+    assert os.listdir(tmp_path) == ["ckpt-000183"]
+    assert store.latest().step == 183

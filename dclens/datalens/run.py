@@ -177,6 +177,13 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
     hook("after_checkpoint", lens.step)
 
 
+def _output_bytes(config: DataLensConfig, shape) -> int:
+    """A generous estimate of what a finished run writes after its final checkpoint: the
+    samples twice (samples.npz and the authors' pickles, float32) plus 256 MiB for the
+    generator, samples.png and the file system's slack."""
+    return 2 * config.train.num_samples * shape.dim * 4 + (256 << 20)
+
+
 def outputs_complete(output_dir: str) -> bool:
     """Whether a run directory holds every output a finished run writes: the generator,
     samples.npz and samples.png, written in that order after the final checkpoint (with
@@ -485,6 +492,10 @@ class _Training:
                 f"step {lens.step}); nothing to do. Pass --restart to train it again.")
             return summary
         self._save_checkpoint(finished=True, stop_reason=stop_reason)
+        freed = self.store.make_room_beside_latest(_output_bytes(config, lens.shape))
+        if freed:
+            log(f"removed {len(freed)} older checkpoint(s) to make room for the outputs; "
+                f"the final one stays")
         self.hook("before_outputs", lens.step)
         lens.released_generator().save(RunPaths(output_dir).generator)
         write_sample_outputs(lens.generate_released, lens.shape, config, output_dir,

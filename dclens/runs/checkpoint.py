@@ -254,6 +254,22 @@ class CheckpointStore:
                 f"{free / 2**30:.1f} GiB free; free disk space or put the run directory on "
                 "a larger disk")
 
+    def make_room_beside_latest(self, needed: int) -> list[str]:
+        """Removes checkpoints older than the newest while the disk has less than
+        ``needed`` bytes free; returns their paths.
+
+        For what a finished run writes after its final checkpoint (samples, pickles, the
+        generator): the newest checkpoint is enough to write them again, so an older one
+        is only a spare.  The newest is never removed; if the room is still short, the
+        caller's writes fail as they would have, and the run stays resumable.
+        """
+        complete, removed = self._complete()[:-1], []
+        while complete and shutil.disk_usage(self.directory).free < needed:
+            path = complete.pop(0)[1]
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
+
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, or None."""
         complete = self._complete()
