@@ -36,6 +36,23 @@ def test_plain_lines_at_the_start_every_interval_and_at_the_end():
     assert "\r" not in stream.getvalue()
 
 
+def test_a_resumed_runs_bar_starts_at_its_step_and_rates_only_this_sessions_steps(
+        monkeypatch):
+    # A run resumed at step 80 of 200 once printed "81/200 (4e+07 step/s)": the 80 steps
+    # of earlier sessions were counted as done in this one's first instant.
+    from dclens.datalens.step_log import new_progress_bar
+
+    stream, clock = io.StringIO(), _Clock()
+    monkeypatch.setattr("sys.stderr", stream)
+    bar = new_progress_bar(200, True, initial=80)
+    bar.clock, bar.started = clock, 0.0
+    assert stream.getvalue() == ""                       # nothing claimed before a step
+    clock.now = 20.0
+    bar.update(1)
+    assert stream.getvalue().splitlines() == ["DataLens: 81/200 step (0.05 step/s)"]
+    assert new_progress_bar(200, False, initial=80) is None
+
+
 def test_a_stopped_loop_prints_where_it_stopped_once():
     stream, clock = io.StringIO(), _Clock()
     bar = PlainProgress(100, initial=40, stream=stream, every_seconds=1e9, clock=clock)

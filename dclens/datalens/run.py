@@ -409,9 +409,7 @@ class _Training:
                      f"steps ({config.budget.conversion.value} conversion)"
                      + (f"; the epoch cap (--epoch {config.train.epochs}) ends the run at "
                         f"step {total_steps}" if total_steps < budget_steps else ""))
-        self.bar = new_progress_bar(expected, progress)
-        if self.bar is not None and lens.step:
-            self.bar.update(min(lens.step, expected))
+        self.bar = new_progress_bar(expected, progress, initial=min(lens.step, expected))
         grid_every = max(1, min(50, expected // 10))
         stop_reason = "epochs"
         while lens.step < total_steps:

@@ -14,8 +14,11 @@ from dclens.datalens.config import DataLensConfig
 from dclens.datalens.outputs import class_grid
 
 
-def new_progress_bar(total: int, enabled: bool):
-    return progress_bar(total, unit="step", desc="DataLens") if enabled else None
+def new_progress_bar(total: int, enabled: bool, *, initial: int = 0):
+    """The run's bar, starting at ``initial`` steps (a resumed run's), so that the rate it
+    shows counts only this session's steps."""
+    return (progress_bar(total, initial=initial, unit="step", desc="DataLens") if enabled
+            else None)
 
 
 def log_step(writer, record, lens, config: DataLensConfig, grid_every: int, bar) -> None:
