@@ -11,6 +11,7 @@ cache.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -126,7 +127,7 @@ def test_large_staging_buffers_ask_for_huge_pages(monkeypatch, rows, wants_huge_
 def _mapping_flags(address: int) -> list[str] | None:
     """The VmFlags of the mapping holding ``address`` (Linux), else None."""
     try:
-        text = open("/proc/self/smaps").read()
+        text = pathlib.Path("/proc/self/smaps").read_text()
     except OSError:
         return None
     inside = False

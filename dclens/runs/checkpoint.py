@@ -244,9 +244,7 @@ class CheckpointStore:
         from step 0; the journal still counts every spend).  Raises
         :class:`CheckpointSpaceError` if even that is not enough.
         """
-        complete = self._complete()
-        while shutil.disk_usage(self.directory).free < needed and complete:
-            shutil.rmtree(complete.pop(0)[1], ignore_errors=True)
+        self._remove_oldest_while_short(self._complete(), needed)
         free = shutil.disk_usage(self.directory).free
         if free < needed:
             raise CheckpointSpaceError(
@@ -263,9 +261,16 @@ class CheckpointStore:
         is only a spare.  The newest is never removed; if the room is still short, the
         caller's writes fail as they would have, and the run stays resumable.
         """
-        complete, removed = self._complete()[:-1], []
-        while complete and shutil.disk_usage(self.directory).free < needed:
-            path = complete.pop(0)[1]
+        return self._remove_oldest_while_short(self._complete()[:-1], needed)
+
+    def _remove_oldest_while_short(self, candidates: list[tuple[int, str]],
+                                   needed: int) -> list[str]:
+        """Removes ``candidates`` (complete checkpoints, oldest first) one by one while the
+        disk has less than ``needed`` bytes free; returns the removed paths."""
+        removed = []
+        for _, path in candidates:
+            if shutil.disk_usage(self.directory).free >= needed:
+                break
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
         return removed
