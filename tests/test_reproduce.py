@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -316,6 +317,32 @@ def test_equal_epsilon_tradeoff_levers_keep_the_budget_and_change_the_steps():
         ["fashion_mnist", "--eps", "1", "--sigma_factor", "1.5", "--train_batch_size", "5"])
     assert (parsed.sigma_factor, parsed.train_batch_size) == (1.5, 5)
     assert parsed.batch_size is None          # the classifier's batch is another flag
+
+
+def test_teacher_steps_lever_sets_only_the_teachers_steps_and_keeps_the_accounting():
+    """--teacher_steps (the authors' d_step) is a named deviation that changes the teachers'
+    Adam steps per generator step and nothing the ledger reads: the same budget, sigma and
+    queries per step, so the same number of steps; the paper's value is no change."""
+    paper = cfg.paper_preset("fashion_mnist", 1)
+    options = paper_rows.ReproduceOptions("fashion_mnist", 1, teacher_steps=4)
+    assert options.default_name() == "fashion_mnist-eps1-ds4"
+    config, deviations = paper_rows.build_config(options)
+    assert config.train.d_step == 4 and paper.train.d_step == 2
+    assert config.train.pretrain_teacher == paper.train.pretrain_teacher
+    assert dataclasses.replace(config.train, d_step=2) == paper.train
+    assert (config.topagg, config.budget) == (paper.topagg, paper.budget)
+    assert deviations == ["beyond the paper: 4 Adam steps per teacher per generator step "
+                          "instead of 2 (each on its own partition; the same sensitivity)"]
+    same = paper_rows.ReproduceOptions("fashion_mnist", 1, teacher_steps=2)
+    assert same.default_name() == "fashion_mnist-eps1"
+    assert paper_rows.build_config(same) == (paper, [])
+    for bad in (0, -1, 2.5, True, "4"):
+        with pytest.raises(paper_rows.ReproduceError,
+                           match=f"teacher_steps must be an integer >= 1, got {bad!r}"):
+            paper_rows.ReproduceOptions(teacher_steps=bad)
+    parsed = reproduce_cli.build_parser().parse_args(
+        ["fashion_mnist", "--eps", "1", "--teacher_steps", "3"])
+    assert parsed.teacher_steps == 3
 
 
 def test_add_authors_adds_the_protocol_to_an_existing_report(tiny_report, tmp_path, capsys):

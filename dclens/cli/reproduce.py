@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shared_teacher_init", action="store_true", help="beyond the paper: every "
         "teacher starts from the same initial weights instead of its own draw "
         "(data-independent; the same sensitivity)")
+    add("--teacher_steps", type=int, metavar="S", help="beyond the paper: each teacher's "
+        "Adam steps per generator step (the authors' --d_step; on its own partition, the "
+        "same sensitivity; the teachers' compute grows with S) [default: the paper's 2]")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             class_guidance_form=args.class_guidance_form,
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
             batch_size=args.train_batch_size,
-            shared_teacher_init=args.shared_teacher_init)
+            shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -100,6 +100,11 @@ class ReproduceOptions:
       shared_teacher_init: beyond the paper (issue 39): every teacher starts from the same
         initial weights (:attr:`dclens.datalens.config.TrainConfig.shared_teacher_init`);
         data-independent, so the accounting is unchanged.
+      teacher_steps: beyond the paper (issue 39's lever 4): each teacher's Adam steps per
+        generator step (:attr:`dclens.datalens.config.TrainConfig.d_step`; the paper's 2;
+        the first step's ``pretrain_teacher`` stays the paper's). A teacher trains on its
+        own partition only and only the votes are released, so the sensitivity and the
+        accounting are unchanged; the teachers' compute grows with it.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -138,6 +143,7 @@ class ReproduceOptions:
     sigma_factor: float | None = None
     batch_size: int | None = None
     shared_teacher_init: bool = False
+    teacher_steps: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -222,7 +228,7 @@ class ReproduceOptions:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
                                  f"one of {[r.value for r in splits.TrainingRecords]}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
-                     "topk", "batch_size"):
+                     "topk", "batch_size", "teacher_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -315,6 +321,9 @@ class ReproduceOptions:
             name += f"-bs{self.batch_size}"
         if self.shared_teacher_init:
             name += "-sharedinit"
+        paper_steps = cfg.paper_preset(self.dataset, self.eps).train.d_step
+        if self.teacher_steps is not None and self.teacher_steps != paper_steps:
+            name += f"-ds{self.teacher_steps}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -474,6 +483,11 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         train["shared_teacher_init"] = True
         deviations.append("beyond the paper: every teacher starts from the same initial "
                           "weights (data-independent; the same sensitivity)")
+    if options.teacher_steps is not None and options.teacher_steps != paper.train.d_step:
+        train["d_step"] = int(options.teacher_steps)
+        deviations.append(f"beyond the paper: {options.teacher_steps} Adam steps per teacher "
+                          f"per generator step instead of {paper.train.d_step} (each on its "
+                          f"own partition; the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:
