@@ -319,6 +319,16 @@ def test_equal_epsilon_tradeoff_levers_keep_the_budget_and_change_the_steps():
     assert parsed.batch_size is None          # the classifier's batch is another flag
 
 
+def test_scale_deviation_names_the_partition_size_and_whether_it_is_the_papers():
+    _, kept = paper_rows.build_config(paper_rows.ReproduceOptions(teachers=200,
+                                                                  max_records=3000))
+    assert "200 teachers instead of the paper's 4000 (partitions of 15 records, as the " \
+           "paper's)" in kept[0]
+    _, grown = paper_rows.build_config(paper_rows.ReproduceOptions(teachers=400))
+    assert "400 teachers instead of the paper's 4000 (partitions of 150 records instead " \
+           "of 15)" in grown[0]
+
+
 def test_teacher_steps_lever_sets_only_the_teachers_steps_and_keeps_the_accounting():
     """--teacher_steps (the authors' d_step) is a named deviation that changes the teachers'
     Adam steps per generator step and nothing the ledger reads: the same budget, sigma and

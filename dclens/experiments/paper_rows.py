@@ -401,10 +401,13 @@ def _scale_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
         else:
             noise = (f"; sigma is scaled (below), so the noise relative to the vote sum "
                      f"(at most {teachers}) is {relative_noise:g}x the paper's")
-        deviations.append(
-            f"{teachers} teachers instead of the paper's {paper_teachers} "
-            f"(partitions of {records // teachers} records instead of "
-            f"{TRAIN_RECORDS[options.dataset] // paper_teachers}){noise}")
+        partition, paper_partition = (records // teachers,
+                                      TRAIN_RECORDS[options.dataset] // paper_teachers)
+        sizes = (f"partitions of {partition} records, as the paper's"
+                 if partition == paper_partition else
+                 f"partitions of {partition} records instead of {paper_partition}")
+        deviations.append(f"{teachers} teachers instead of the paper's {paper_teachers} "
+                          f"({sizes}){noise}")
         deviations.append(f"batch_size {paper_batch} (the paper run's effective batch: 30 cut "
                           f"to its partition size), so queries per step and steps to the "
                           f"budget match the paper run")
