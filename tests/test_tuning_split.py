@@ -216,6 +216,59 @@ def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first
     assert "0.5350 +- 0.0071 (2 runs)" in text
 
 
+def test_the_screen_shows_val_rescored_with_the_paper_scale_rows_classifier_rate(
+        screening_report, tmp_path):
+    """A levers row's runs (its name and its -rep<r> repeats, not another row's) scored
+    again by tune_classifier at the learning rate the paper-scale rows were scored with
+    get their mean +- sd in their own column; with the default rate, or rates that differ
+    between paper-scale runs, there is nothing to rescore with and no column."""
+    beyond_dir = tmp_path / "beyond"
+    report = json.loads((screening_report / "report" / "report.json").read_text())
+
+    def paper_scale(run_name: str, rate: float) -> None:
+        copy = json.loads(json.dumps(report))
+        copy["evaluation"]["settings"]["schedule"]["learning_rate"] = rate
+        (beyond_dir / beyond.PAPER_SCALE_DIR / run_name).mkdir(parents=True, exist_ok=True)
+        (beyond_dir / beyond.PAPER_SCALE_DIR / run_name / "report.json").write_text(
+            json.dumps(copy))
+
+    def rescored(group: str, run_name: str, rate: float, val: float) -> None:
+        folder = beyond_dir / group / run_name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"lr{rate:g}.json").write_text(json.dumps(
+            {"run": run_name, "evaluation": {"protocols": {"val": {"accuracy": val}}}}))
+
+    paper_scale("run-a", 1e-3)
+    assert beyond.rescoring_rate(str(beyond_dir)) is None            # the default rate
+    paper_scale("run-b", 3e-5)
+    assert beyond.rescoring_rate(str(beyond_dir)) is None            # two rates
+    (beyond_dir / beyond.PAPER_SCALE_DIR / "run-a" / "report.json").unlink()
+    assert beyond.rescoring_rate(str(beyond_dir)) == 3e-5
+    rescored("classifier/choice", "base", 3e-5, 0.60)
+    rescored("classifier/choice", "base", 1e-3, 0.20)                # another rate
+    rescored("classifier/confirmation", "base", 3e-5, 0.99)          # counted once
+    rescored("rescored/more", "base-rep2", 3e-5, 0.56)
+    rescored("rescored/more", "base-k300", 3e-5, 0.99)               # another row
+    rescored("rescored/more", "ds4", 3e-5, 0.70)
+    n, mean, sd = beyond.rescored_val(str(beyond_dir), "base", 3e-5)
+    assert (n, mean, sd) == (2, pytest.approx(0.58), pytest.approx(0.02828, abs=1e-5))
+    table_dir = beyond_dir / "levers-x"
+    table_dir.mkdir()
+    finished = {"status": "finished", "sen": 0.5, "label_agreement": 0.3, "epsilon": 28.1,
+                "steps": 86, "changes": {}}
+    (table_dir / "table.json").write_text(json.dumps({"table": "levers", "rows": [
+        {**finished, "row": "the base", "name": "base", "val": 0.40},
+        {**finished, "row": "four steps", "name": "ds4", "val": 0.30},
+        {**finished, "row": "k300", "name": "base-k300-other", "val": 0.30}]}))
+    text = beyond.render(str(tmp_path / "no-results"), str(beyond_dir))
+    assert "| lever | `val` | change | `val`, classifier lr 3e-05 | `sen` |" in text
+    assert "| the base | 0.4000 | +0.0000 | 0.580 +- 0.028 (2 runs) | 0.5000 |" in text
+    assert "| four steps | 0.3000 | -0.1000 | 0.700 (1 run) | 0.5000 |" in text
+    assert "| k300 | 0.3000 | -0.1000 | -- | 0.5000 |" in text
+    paper_scale("run-a", 1e-3)
+    assert "classifier lr" not in beyond.render(str(tmp_path / "no-results"), str(beyond_dir))
+
+
 def test_a_report_written_under_paper_scale_regenerates_the_beyond_readme(
         indexed_dir, screening_report, tmp_path, capsys):
     """reproduce.py --out <beyond>/paper-scale/<run> rewrites <beyond>/README.md, whose

@@ -14,6 +14,12 @@ Four parts, each read from files the runs wrote (nothing typed in by hand):
    ``scripts/tune_classifier.py`` under ``results/beyond/classifier/`` (candidates scored
    on screening runs' samples, the chosen one marked).
 
+The screen also shows each lever's ``val`` under the classifier schedule the paper-scale
+rows are scored with (:func:`rescoring_rate`), where its runs' samples were scored so
+(:func:`rescored_val`: ``scripts/tune_classifier.py`` records under ``classifier/`` or
+``rescored/``): with that schedule ``val`` varies far less between seeds than with the
+default, so smaller differences between levers show.
+
 Each row says its epsilon, accountant (the conversion), evaluation protocol and records.
 """
 
@@ -23,6 +29,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 
 from dclens.common import export, reporting
 from dclens.evaluation import classifiers
@@ -34,6 +41,9 @@ GOALS = {1: 0.65, 10: 0.75}
 MIN_RUNS = 3
 PAPER_SCALE_DIR = "paper-scale"
 CLASSIFIER_DIR = "classifier"
+#: Screening runs' samples scored again with the paper-scale rows' classifier schedule
+#: (``scripts/tune_classifier.py RUN... --learning_rates R --out results/beyond/rescored/G``).
+RESCORED_DIR = "rescored"
 
 
 def _read(path: str) -> dict:
@@ -115,6 +125,36 @@ def tuned_rows(beyond_dir: str) -> list[dict]:
             "records": report["config"]["train"].get("training_records", "all"),
             "deviations": report["deviations"]})
     return rows
+
+
+def rescoring_rate(beyond_dir: str) -> float | None:
+    """The classifier learning rate every paper-scale tuned run was scored with, if they
+    share one that is not the default schedule's; else None (nothing to rescore with)."""
+    rates = set()
+    for path in glob.glob(os.path.join(beyond_dir, PAPER_SCALE_DIR, "*", "report.json")):
+        schedule = _read(path)["evaluation"]["settings"].get("schedule", {})
+        rates.add(schedule.get("learning_rate", classifiers.DEFAULT_SCHEDULE.learning_rate))
+    if len(rates) != 1:
+        return None
+    rate = rates.pop()
+    return None if rate == classifiers.DEFAULT_SCHEDULE.learning_rate else float(rate)
+
+
+def rescored_val(beyond_dir: str, name: str, rate: float) -> tuple[int, float | None,
+                                                                   float | None]:
+    """(runs, mean, sd) of ``val`` over the runs of the levers row ``name`` (``name`` and
+    its ``-rep<r>`` repeats) whose samples ``scripts/tune_classifier.py`` scored with
+    learning rate ``rate`` (its ``lr<rate>.json`` records under ``classifier/*/`` or
+    ``rescored/*/``; a run scored in several sets counts once, the first in path order)."""
+    run_pattern = re.compile(re.escape(name) + r"(-rep\d+)?")
+    values: dict[str, float] = {}
+    for folder in (CLASSIFIER_DIR, RESCORED_DIR):
+        for path in sorted(glob.glob(os.path.join(beyond_dir, folder, "*", "*",
+                                                  f"lr{rate:g}.json"))):
+            run = os.path.basename(os.path.dirname(path))
+            if run_pattern.fullmatch(run) and run not in values:
+                values[run] = _read(path)["evaluation"]["protocols"]["val"]["accuracy"]
+    return reporting.mean_sd(values.values())
 
 
 def lever_tables(beyond_dir: str) -> list[dict]:
@@ -264,9 +304,13 @@ def render(results_dir: str, beyond_dir: str) -> str:
     tables = lever_tables(beyond_dir)
     if not tables:
         lines.append("No levers table has run yet.")
+    rate = rescoring_rate(beyond_dir)
     for table in tables:
         rows = table["rows"]
         base = rows[0]["val"] if rows and rows[0]["status"] == "finished" else None
+        rescored = {row["name"]: rescored_val(beyond_dir, row["name"], rate)
+                    for row in rows if rate is not None and "name" in row}
+        rescored = {name: stat for name, stat in rescored.items() if stat[0]}
         lines += [f"`{table['folder']}` ([table](./{table['folder']}/table.md)): scored "
                   "on the tuning holdout; a row of several runs shows their mean +- sd. "
                   "The first row is the paper's settings at this scale; the change (of the "
@@ -277,20 +321,32 @@ def render(results_dir: str, beyond_dir: str) -> str:
                   "epsilons are not the paper's (the table says which scale): each row is "
                   "the small model of its configuration at the paper's epsilon = 1, so a row "
                   "accounted by pld runs the steps pld allows the paper config (149, not "
-                  "86) and shows the larger epsilon those cost here.", "",
-                  "| lever | `val` | change | `sen` | label agreement | epsilon | steps | "
-                  "accountant |", "|---|---|---|---|---|---|---|---|"]
+                  "86) and shows the larger epsilon those cost here."]
+        rescored_head = rescored_rule = ""
+        if rescored:
+            lines[-1] += (f" `val`, classifier lr {rate:g}: the same runs' samples scored "
+                          f"with the classifier learning rate the paper-scale rows use, "
+                          f"where they were (`scripts/tune_classifier.py RUN... "
+                          f"--learning_rates {rate:g} --out results/beyond/{RESCORED_DIR}/"
+                          f"<group>`); its spread between seeds is far smaller than the "
+                          f"default's.")
+            rescored_head, rescored_rule = f" `val`, classifier lr {rate:g} |", "---|"
+        lines += ["", "| lever | `val` | change |" + rescored_head + " `sen` | label "
+                  "agreement | epsilon | steps | accountant |",
+                  "|---|---|---|" + rescored_rule + "---|---|---|---|---|"]
         for row in rows:
+            rescored_cell = (f" {_stat(rescored.get(row.get('name'), (0, None, None)), 3)} |"
+                             if rescored else "")
             if row["status"] != "finished":
-                lines.append(f"| {row['row']} | not run | -- | -- | -- | -- | -- | "
-                             f"{_row_conversion(row)} |")
+                lines.append(f"| {row['row']} | not run | -- |{rescored_cell} -- | -- | -- | "
+                             f"-- | {_row_conversion(row)} |")
                 continue
             change = None if base is None else row["val"] - base
             runs = row.get("runs", 1)
             val = (_stat((runs, row["val"], row.get("val_sd"))) if runs > 1
                    else _cell(row["val"]))
             lines.append(f"| {row['row']} | {val} | "
-                         f"{_cell(change, signed=True)} | {_cell(row['sen'])} | "
+                         f"{_cell(change, signed=True)} |{rescored_cell} {_cell(row['sen'])} | "
                          f"{_cell(row.get('label_agreement'), 3)} | "
                          f"{_cell(row['epsilon'])} | {row['steps']} | "
                          f"{_row_conversion(row)} |")
