@@ -198,3 +198,10 @@ def test_the_cli_writes_its_table_and_the_beyond_readme(tmp_path, data_dir, caps
                                                                    "lr0.01.json"]
     assert f"| {chosen} (chosen) |" in (out / "README.md").read_text()
     assert "`classifier/set1`" in (tmp_path / "beyond" / "README.md").read_text()
+    (tmp_path / "beyond" / "README.md").unlink()
+    rescored = tmp_path / "beyond" / "rescored" / "group1"
+    assert tune_classifier.main([run, "--learning_rates", "1e-3", "--epochs", "1",
+                                 "--quiet", "--out", str(rescored)]) == 0
+    assert (rescored / "screen" / "lr0.001.json").is_file()
+    assert f"summary: {tmp_path / 'beyond' / 'README.md'}" in capsys.readouterr().out
+    assert (tmp_path / "beyond" / "README.md").is_file()

@@ -10,7 +10,9 @@ trains the authors' classifier on every run's samples (the default schedule othe
 Adam, batch 256, 20 epochs; no IS/FID); the one with the highest mean val is chosen.
 <out>/<run>/<candidate>.json keeps each evaluation (a repeated call reuses them, so an
 interrupted call resumes), <out>/summary.json and <out>/README.md the table (and, for
-an --out of the form <beyond>/classifier/<set>, <beyond>/README.md is regenerated). Then
+an --out of the form <beyond>/classifier/<set> or <beyond>/rescored/<group>,
+<beyond>/README.md is regenerated: a rescored group's records give the screen's levers
+their val at the paper-scale rows' classifier rate). Then
 evaluate private runs with the chosen rate unchanged:
 python scripts/evaluate.py RUN --learning_rate <chosen>. On a tie the earlier learning
 rate is kept, so give the default's (1e-3) first. The choice holds for the number of
@@ -70,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     classifier_tuning.write_summary(summary, args.out)
     parent = os.path.dirname(os.path.abspath(args.out))
-    if os.path.basename(parent) == beyond.CLASSIFIER_DIR:
-        # results/beyond/classifier/<set>: results/beyond/README.md shows every choice.
+    if os.path.basename(parent) in (beyond.CLASSIFIER_DIR, beyond.RESCORED_DIR):
+        # results/beyond/classifier/<set>: results/beyond/README.md shows every choice;
+        # results/beyond/rescored/<group>: its screen shows the rescored val.
         beyond_dir = os.path.dirname(parent)
         print(f"summary: {beyond.write_readme(beyond_dir, os.path.dirname(beyond_dir))}")
     for row in summary["rows"]:
