@@ -160,6 +160,44 @@ def test_rerun_of_a_finished_run_reads_only_the_small_records(finished_run, tiny
     assert sorted(os.listdir(out / "logs")) == events_before
 
 
+def test_a_finished_run_without_its_checkpoints_is_still_finished(finished_run,
+                                                                  tiny_fmnist_dir, tmp_path,
+                                                                  monkeypatch):
+    """The docs say a finished run's checkpoints/ may be deleted to free the disk: the same
+    command then says 'finished' from privacy.json and the ledger (no data, no teachers)
+    and changes nothing; a larger budget, which would need the checkpoints to go on, is
+    refused by name, and a run cut before its outputs were complete is not 'finished'."""
+    _, summary, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "checkpoints")
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished run must not load data or teacher state")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(run, "load_training_data", must_not_run)
+        messages = []
+        again = run.train_run(tiny_config(tiny_fmnist_dir), str(copy), progress=False,
+                              log=messages.append)
+    assert messages and "already finished" in messages[-1]
+    assert (again.steps, again.queries, again.stop_reason) == (
+        summary.steps, summary.queries, summary.stop_reason)
+    assert again.epsilon == pytest.approx(summary.epsilon, rel=1e-12)
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before
+    with pytest.raises(run.RunDirError, match="seed.json is missing but .*ledger.json records "
+                                          "spends: the run cannot be resumed"):
+        run.train_run(tiny_config(tiny_fmnist_dir, steps=4), str(copy), progress=False,
+                      log=lambda _: None)
+    (copy / "samples.png").unlink()                  # outputs cut short: not finished
+    with pytest.raises(run.RunDirError, match="cannot be resumed"):
+        run.train_run(tiny_config(tiny_fmnist_dir), str(copy), progress=False,
+                      log=lambda _: None)
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == {
+        name: data for name, data in before.items() if name != "samples.png"}
+
+
 def test_a_larger_budget_extends_a_finished_run(finished_run, tiny_fmnist_dir, tmp_path):
     """More budget than the saved run may allow more steps: the quick path stands aside."""
     _, summary, out = finished_run

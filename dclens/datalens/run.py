@@ -204,8 +204,18 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
             or not os.path.exists(plan.paths.journal):
         return None
     latest = CheckpointStore(plan.paths.checkpoints).latest()
-    if latest is None or not latest.state.get("finished"):
-        return None
+    if latest is not None:
+        if not latest.state.get("finished"):
+            return None
+        step, stop_reason = latest.step, latest.state.get("stop_reason") or "epochs"
+    else:
+        # A finished run whose checkpoints/ the user removed to free the disk (the
+        # outputs are complete, so the final checkpoint had been written before them):
+        # its privacy record says where it stopped.
+        record = _final_privacy_record(plan.paths.privacy)
+        if record is None:
+            return None
+        step, stop_reason = record
     with open(plan.paths.config) as stream:
         saved = DataLensConfig.from_dict(json.load(stream)["config"])
     if (config.train.epochs > saved.train.epochs
@@ -214,9 +224,22 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
     journal = PrivacyJournal.load(plan.paths.journal)
     epsilon = (None if config.train.non_private or not journal.queries
                else journal.ledger.epsilon().epsilon)
-    return RunSummary(latest.step, journal.queries, epsilon,
-                      latest.state.get("stop_reason") or "epochs", plan.paths.root,
-                      time.perf_counter() - started, latest.step, journal.lost_queries)
+    return RunSummary(step, journal.queries, epsilon, stop_reason, plan.paths.root,
+                      time.perf_counter() - started, step, journal.lost_queries)
+
+
+def _final_privacy_record(path: str) -> tuple[int, str] | None:
+    """(steps, stop reason) from a finished run's privacy.json, else None (missing,
+    unreadable, or written before the run stopped)."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            record = json.load(stream)
+        steps, stop_reason = record["steps"], record["stop_reason"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not stop_reason or isinstance(steps, bool) or not isinstance(steps, int):
+        return None
+    return steps, stop_reason
 
 
 def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
