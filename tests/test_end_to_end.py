@@ -144,20 +144,25 @@ def test_rerun_of_a_finished_run_reads_only_the_small_records(finished_run, tiny
     no new (empty) TensorBoard event file behind."""
     _, summary, out = finished_run
     events_before = sorted(os.listdir(out / "logs"))
+    _rerun_expecting_finished(tiny_config(tiny_fmnist_dir), out, summary, monkeypatch)
+    assert sorted(os.listdir(out / "logs")) == events_before
 
+
+def _rerun_expecting_finished(config, run_dir, summary, monkeypatch) -> None:
+    """Runs ``config`` in ``run_dir`` with the data load and the teachers forbidden and
+    checks that it says 'already finished' with ``summary``'s steps, spends and epsilon."""
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished run must not load data or teacher state")
 
-    monkeypatch.setattr(run, "load_training_data", must_not_run)
-    monkeypatch.setattr("dclens.datalens.train.DataLens", must_not_run)
-    messages = []
-    again = run.train_run(tiny_config(tiny_fmnist_dir), str(out), progress=False,
-                          log=messages.append)
+    with monkeypatch.context() as patched:
+        patched.setattr(run, "load_training_data", must_not_run)
+        patched.setattr("dclens.datalens.train.DataLens", must_not_run)
+        messages = []
+        again = run.train_run(config, str(run_dir), progress=False, log=messages.append)
     assert messages and "already finished" in messages[-1]
     assert (again.steps, again.queries, again.stop_reason) == (
         summary.steps, summary.queries, summary.stop_reason)
     assert again.epsilon == pytest.approx(summary.epsilon, rel=1e-12)
-    assert sorted(os.listdir(out / "logs")) == events_before
 
 
 def test_a_finished_run_without_its_checkpoints_is_still_finished(finished_run,
@@ -172,19 +177,7 @@ def test_a_finished_run_without_its_checkpoints_is_still_finished(finished_run,
     shutil.copytree(out, copy)
     shutil.rmtree(copy / "checkpoints")
     before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("a finished run must not load data or teacher state")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(run, "load_training_data", must_not_run)
-        messages = []
-        again = run.train_run(tiny_config(tiny_fmnist_dir), str(copy), progress=False,
-                              log=messages.append)
-    assert messages and "already finished" in messages[-1]
-    assert (again.steps, again.queries, again.stop_reason) == (
-        summary.steps, summary.queries, summary.stop_reason)
-    assert again.epsilon == pytest.approx(summary.epsilon, rel=1e-12)
+    _rerun_expecting_finished(tiny_config(tiny_fmnist_dir), copy, summary, monkeypatch)
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before
     with pytest.raises(run.RunDirError, match="seed.json is missing but .*ledger.json records "
                                           "spends: the run cannot be resumed"):
