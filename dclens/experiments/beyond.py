@@ -140,21 +140,32 @@ def rescoring_rate(beyond_dir: str) -> float | None:
     return None if rate == classifiers.DEFAULT_SCHEDULE.learning_rate else float(rate)
 
 
-def rescored_val(beyond_dir: str, name: str, rate: float) -> tuple[int, float | None,
-                                                                   float | None]:
-    """(runs, mean, sd) of ``val`` over the runs of the levers row ``name`` (``name`` and
-    its ``-rep<r>`` repeats) whose samples ``scripts/tune_classifier.py`` scored with
-    learning rate ``rate`` (its ``lr<rate>.json`` records under ``classifier/*/`` or
+def rescored_records(beyond_dir: str, rate: float) -> dict[str, float]:
+    """Run name -> ``val`` of every run whose samples ``scripts/tune_classifier.py`` scored
+    with learning rate ``rate`` (its ``lr<rate>.json`` records under ``classifier/*/`` or
     ``rescored/*/``; a run scored in several sets counts once, the first in path order)."""
-    run_pattern = re.compile(re.escape(name) + r"(-rep\d+)?")
     values: dict[str, float] = {}
     for folder in (CLASSIFIER_DIR, RESCORED_DIR):
         for path in sorted(glob.glob(os.path.join(beyond_dir, folder, "*", "*",
                                                   f"lr{rate:g}.json"))):
             run = os.path.basename(os.path.dirname(path))
-            if run_pattern.fullmatch(run) and run not in values:
+            if run not in values:
                 values[run] = _read(path)["evaluation"]["protocols"]["val"]["accuracy"]
-    return reporting.mean_sd(values.values())
+    return values
+
+
+def _row_val(records: dict[str, float], name: str) -> tuple[int, float | None, float | None]:
+    """(runs, mean, sd) of ``records``' ``val`` over the levers row ``name``'s runs: ``name``
+    and its ``-rep<r>`` repeats."""
+    run_pattern = re.compile(re.escape(name) + r"(-rep\d+)?")
+    return reporting.mean_sd(val for run, val in records.items() if run_pattern.fullmatch(run))
+
+
+def rescored_val(beyond_dir: str, name: str, rate: float) -> tuple[int, float | None,
+                                                                   float | None]:
+    """(runs, mean, sd) of ``val`` over the runs of the levers row ``name`` (``name`` and
+    its ``-rep<r>`` repeats) rescored at ``rate`` (:func:`rescored_records`)."""
+    return _row_val(rescored_records(beyond_dir, rate), name)
 
 
 def lever_tables(beyond_dir: str) -> list[dict]:
@@ -305,12 +316,12 @@ def render(results_dir: str, beyond_dir: str) -> str:
     if not tables:
         lines.append("No levers table has run yet.")
     rate = rescoring_rate(beyond_dir)
+    records = {} if rate is None else rescored_records(beyond_dir, rate)
     for table in tables:
         rows = table["rows"]
         base = rows[0]["val"] if rows and rows[0]["status"] == "finished" else None
-        rescored = {row["name"]: rescored_val(beyond_dir, row["name"], rate)
-                    for row in rows if rate is not None and "name" in row}
-        rescored = {name: stat for name, stat in rescored.items() if stat[0]}
+        rescored = {row["name"]: stat for row in rows if "name" in row
+                    for stat in (_row_val(records, row["name"]),) if stat[0]}
         lines += [f"`{table['folder']}` ([table](./{table['folder']}/table.md)): scored "
                   "on the tuning holdout; a row of several runs shows their mean +- sd. "
                   "The first row is the paper's settings at this scale; the change (of the "
