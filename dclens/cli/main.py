@@ -133,6 +133,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "class_guidance_form": "train.class_guidance_form",
                "mismatch_negatives": "train.mismatch_negatives",
                "shared_teacher_init": "train.shared_teacher_init",
+               "gf_dim": "train.generator_filters", "gfc_dim": "train.generator_dense",
                "training_records": "train.training_records"}
 
 
@@ -292,6 +293,12 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="beyond the paper: every teacher starts from the same initial weights "
              "instead of its own draw (data-independent; the same sensitivity) "
              "[default: off, the paper's]")
+    add("--gf_dim", type=int, metavar="GF",
+        help="beyond the paper for other values: the generator's filters (its first "
+             "transposed convolution has 2 GF channels; the authors' model's gf_dim)")
+    add("--gfc_dim", type=int, metavar="GFC",
+        help="beyond the paper for other values: the generator's first dense layer's units "
+             "(the authors' model's gfc_dim)")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--teacher_steps", type=int, metavar="S", help="beyond the paper: each teacher's "
         "Adam steps per generator step (the authors' --d_step; on its own partition, the "
         "same sensitivity; the teachers' compute grows with S) [default: the paper's 2]")
+    add("--generator_width", type=float, metavar="W", help="beyond the paper: the "
+        "generator W times as wide as the paper's (64 W filters, 1024 W dense units; 64 W "
+        "a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity) "
+        "[default: 1, the paper's]")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -185,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             class_guidance_form=args.class_guidance_form,
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
             batch_size=args.train_batch_size,
-            shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps)
+            shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps,
+            generator_width=args.generator_width)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -333,6 +333,11 @@ class TrainConfig:
         state is still a function of its own partition only: the vote's sensitivity and
         the ledger are unchanged.  False (the default): the paper's independent
         initialisations.
+      generator_filters, generator_dense: the student generator's width
+        (:func:`dclens.datalens.networks.build_generator`: gf and gfc, the authors'
+        ``gf_dim`` 64 and ``gfc_dim`` 1024 by default).  Another width is beyond the paper
+        (issue 39's lever 4); the generator is a data-independent architecture that reads
+        only the released votes, so the vote's sensitivity and the ledger are unchanged.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -373,6 +378,8 @@ class TrainConfig:
     class_guidance_form: GuidanceForm = GuidanceForm.CROSS_ENTROPY
     mismatch_negatives: int = 0
     shared_teacher_init: bool = False
+    generator_filters: int = 64
+    generator_dense: int = 1024
 
     def __post_init__(self) -> None:
         _require(isinstance(self.class_guidance_form, GuidanceForm),
@@ -404,7 +411,7 @@ class TrainConfig:
         _require(isinstance(self.dataset, str) and self.dataset != "",
                  f"dataset must be a non-empty name, got {self.dataset!r}")
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",
-                     "teacher_chunk", "num_samples"):
+                     "teacher_chunk", "num_samples", "generator_filters", "generator_dense"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")

@@ -16,7 +16,8 @@ Teacher discriminator (H x W x C image, K classes; df = 32, dfc = 256)::
     dense dfc, BN, lrelu, [., y]     dfc + K
     dense 1                          logit
 
-Generator (gf = 64, gfc = 1024)::
+Generator (gf = 64, gfc = 1024: the authors' ``gf_dim`` and ``gfc_dim``; other widths are
+an option beyond the paper, :func:`build_generator`'s ``filters`` and ``dense``)::
 
     [z, y] -> dense gfc, BN, relu, [., y]
     dense 2*gf*(H/4)*(W/4), BN, relu, reshape H/4 x W/4 x 2gf, [., y-maps]
@@ -140,8 +141,13 @@ def build_discriminator(shape: ImageShape, *, seed: int | None = None,
 
 
 def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
+                    filters: int = GENERATOR_FILTERS, dense: int = GENERATOR_DENSE,
                     name: str = "generator") -> keras.Model:
     """The student generator: inputs [z, one-hot label], output images in [0, 1].
+
+    ``filters`` (gf) and ``dense`` (gfc) set its width: the first dense layer has gfc units,
+    the second 2 gf (H/4)(W/4), the first transposed convolution 2 gf channels.  The
+    defaults are the authors' (64 and 1024).
 
     Every layer's initializer has its own seed (:func:`layer_seeds`); before 2026-11 one
     seeded initializer was shared by the two dense and by the two transposed-convolution
@@ -149,6 +155,11 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     """
     if z_dim < 1:
         raise ValueError(f"z_dim must be >= 1, got {z_dim!r}")
+    for label, width in (("filters", filters), ("dense", dense)):
+        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
+            raise ValueError(f"generator {label} must be an integer >= 1 (the authors': "
+                             f"{GENERATOR_FILTERS} filters, {GENERATOR_DENSE} dense units), "
+                             f"got {width!r}")
     seeds = layer_seeds(seed, GENERATOR_LAYERS)
 
     def init(name):
@@ -158,15 +169,15 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     z = keras.Input((z_dim,), name="z")
     label = keras.Input((k,), name="label")
     h = layers.Concatenate()([z, label])
-    h = layers.Dense(GENERATOR_DENSE, kernel_initializer=init("g_h0_lin"), name="g_h0_lin")(h)
+    h = layers.Dense(dense, kernel_initializer=init("g_h0_lin"), name="g_h0_lin")(h)
     h = layers.ReLU()(_batch_norm("g_bn0")(h))
     h = layers.Concatenate()([h, label])
-    h = layers.Dense(2 * GENERATOR_FILTERS * h4 * w4, kernel_initializer=init("g_h1_lin"),
+    h = layers.Dense(2 * filters * h4 * w4, kernel_initializer=init("g_h1_lin"),
                      name="g_h1_lin")(h)
     h = layers.ReLU()(_batch_norm("g_bn1")(h))
-    h = layers.Reshape((h4, w4, 2 * GENERATOR_FILTERS))(h)
+    h = layers.Reshape((h4, w4, 2 * filters))(h)
     h = ConcatLabelMaps(name="concat_y1")([h, label])
-    h = layers.Conv2DTranspose(2 * GENERATOR_FILTERS, 5, strides=2, padding="same",
+    h = layers.Conv2DTranspose(2 * filters, 5, strides=2, padding="same",
                                kernel_initializer=init("g_h2_deconv"), name="g_h2_deconv")(h)
     h = layers.ReLU()(_batch_norm("g_bn2")(h))
     h = ConcatLabelMaps(name="concat_y2")([h, label])

@@ -105,6 +105,12 @@ class ReproduceOptions:
         the first step's ``pretrain_teacher`` stays the paper's). A teacher trains on its
         own partition only and only the votes are released, so the sensitivity and the
         accounting are unchanged; the teachers' compute grows with it.
+      generator_width: beyond the paper (issue 39's lever 4): the student generator's
+        width as a multiple W of the paper's: gf = 64 W filters and gfc = 1024 W dense
+        units (:attr:`dclens.datalens.config.TrainConfig.generator_filters`,
+        ``generator_dense``); 64 W must be a whole number. The architecture is
+        data-independent and the generator reads only the released votes, so the
+        accounting is unchanged.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -144,6 +150,7 @@ class ReproduceOptions:
     batch_size: int | None = None
     shared_teacher_init: bool = False
     teacher_steps: int | None = None
+    generator_width: float | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -219,6 +226,15 @@ class ReproduceOptions:
             if self.non_private:
                 raise ReproduceError("sigma_factor scales the noise of a private run; a "
                                      "non_private run has none: give one of them")
+        if self.generator_width is not None:
+            width = self.generator_width
+            if (isinstance(width, bool) or not isinstance(width, (int, float))
+                    or not math.isfinite(width) or width <= 0
+                    or (networks.GENERATOR_FILTERS * width) % 1):
+                raise ReproduceError(
+                    f"generator_width must be a number > 0 that makes "
+                    f"{networks.GENERATOR_FILTERS} x width a whole number of filters (e.g. "
+                    f"0.5 or 2; 1 is the paper's), got {width!r}")
         if self.class_guidance_form is not None and self.class_guidance_form not in {
                 f.value for f in cfg.GuidanceForm}:
             raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
@@ -324,6 +340,8 @@ class ReproduceOptions:
         paper_steps = cfg.paper_preset(self.dataset, self.eps).train.d_step
         if self.teacher_steps is not None and self.teacher_steps != paper_steps:
             name += f"-ds{self.teacher_steps}"
+        if self.generator_width is not None and self.generator_width != 1:
+            name += f"-gw{self.generator_width:g}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -447,6 +465,14 @@ def _analysis_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
     return deviations
 
 
+def generator_size(width: float) -> tuple[int, int]:
+    """(filters, dense units) of a generator ``width`` times as wide as the paper's
+    (gf = 64 width, gfc = 1024 width; 64 width a whole number, checked by
+    :class:`ReproduceOptions`)."""
+    return (round(networks.GENERATOR_FILTERS * width),
+            round(networks.GENERATOR_DENSE * width))
+
+
 def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
             budget: dict) -> list[str]:
     """The levers beyond the paper a run sets (``train``'s and ``budget``'s settings) and
@@ -491,6 +517,14 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: {options.teacher_steps} Adam steps per teacher "
                           f"per generator step instead of {paper.train.d_step} (each on its "
                           f"own partition; the same sensitivity)")
+    if options.generator_width is not None and options.generator_width != 1:
+        filters, dense = generator_size(options.generator_width)
+        train["generator_filters"], train["generator_dense"] = filters, dense
+        deviations.append(f"beyond the paper: a generator {options.generator_width:g} x as "
+                          f"wide ({filters} filters and {dense} dense units instead of "
+                          f"{networks.GENERATOR_FILTERS} and {networks.GENERATOR_DENSE}; "
+                          f"data-independent, "
+                          f"the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:

@@ -122,6 +122,10 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              sigma_factor=2.0),
         _row("4 teacher steps per generator step (the paper's 2; privacy-free, 2x the "
              "teachers' compute)", {}, teacher_steps=4),
+        _row("generator half as wide (32 filters, 512 dense units; data-independent)", {},
+             generator_width=0.5),
+        _row("generator twice as wide (128 filters, 2048 dense units)", {},
+             generator_width=2.0),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
