@@ -9,6 +9,8 @@
   first and querying them afterwards.
 """
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -248,6 +250,34 @@ def test_chunk_stream_raises_write_errors():
                 stream.write_back(chunk, teachers.TeacherState(
                     np.zeros((1, 1), np.float32), chunk.state.adam_m, chunk.state.adam_v,
                     chunk.state.steps))
+
+
+class _WriteFinishingBetweenLooks(concurrent.futures.Future):
+    """A failed write that is still running at the first look and finished at every later
+    one: the moment a write lands between two passes over the queued writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.set_exception(OSError("disk gone"))
+        self.looks = 0
+
+    def done(self):
+        self.looks += 1
+        return self.looks > 1
+
+
+def test_a_write_finishing_while_the_queue_is_pruned_still_raises(monkeypatch):
+    """write_back looks at each queued write once: a write that finishes while the queue is
+    pruned stays queued, so close() raises its error (before, it was dropped unraised)."""
+    bank = _bank(SHAPES["8x8x3"], 4)
+    stream = bank_stream.ChunkStream(bank, 2, with_adam=True, overlap=False)
+    racing = _WriteFinishingBetweenLooks()
+    monkeypatch.setattr(stream, "_submit", lambda work: racing)
+    chunk = next(iter(stream))
+    stream.write_back(chunk, chunk.state)
+    assert racing.looks == 1 and stream._pending == [racing]
+    with pytest.raises(OSError, match="disk gone"):
+        stream.close()
 
 
 def test_disk_bank_refuses_a_disk_too_small(tmp_path, monkeypatch):

@@ -122,11 +122,17 @@ class ChunkStream:
         """Queues the chunk's new state (tensors or arrays; not modified afterwards)."""
         self._pending.append(self._submit(lambda: self.bank.write(chunk.start, chunk.stop,
                                                                   state)))
-        # keep only unfinished writes (their exceptions are raised in close())
-        done = [f for f in self._pending if f.done()]
-        for future in done:
-            future.result()
-        self._pending = [f for f in self._pending if not f.done()]
+        # One look at each write: a finished one raises its I/O error now, an unfinished
+        # one is kept for close().  (Two passes, one collecting the finished writes and
+        # one keeping the unfinished, dropped a write that finished between them, and
+        # with it its error.)
+        unfinished = []
+        for future in self._pending:
+            if future.done():
+                future.result()
+            else:
+                unfinished.append(future)
+        self._pending = unfinished
 
     def close(self) -> None:
         """Waits for every queued write (raising the first I/O error) and stops the thread."""
