@@ -295,3 +295,61 @@ def test_a_run_without_journal_but_with_spends_is_not_resumed(reference, tiny_fm
     with pytest.raises(run.RunDirError, match="older dclens without a privacy journal"):
         train(tiny_fmnist_dir, out)
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("killed_in", ["provenance", "write_run_readme", "mark_private",
+                                       "write_seed", "journal"])
+def test_a_run_killed_while_its_files_are_created_starts_again(reference, tiny_fmnist_dir,
+                                                               tmp_path, monkeypatch,
+                                                               killed_in):
+    """A fresh run killed at any point of creating its files (config.json, README, PRIVATE
+    markers, seed, journal) is run again by the same command: config.json is written
+    before any other file, so the folder never holds files without it (before, a kill while
+    config.json was being written left checkpoints/ alone, and the folder was refused as
+    'not a dclens run')."""
+    from dclens.runs import rundir
+
+    def killed(*args, **kwargs):
+        raise Crash(killed_in)
+    if killed_in == "journal":
+        monkeypatch.setattr(rundir.journal_lib.PrivacyJournal, "write", killed)
+    else:
+        monkeypatch.setattr(rundir, killed_in, killed)
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(tiny_fmnist_dir, out)
+    monkeypatch.undo()
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.steps == STEPS and summary.stop_reason == "budget"
+    assert curve(out) == curve(reference)
+
+
+def test_a_start_killed_before_its_config_begins_afresh(tiny_fmnist_dir, tmp_path):
+    """A kill before config.json lands leaves at most its atomic write's temporary file and
+    the teachers' banks being created (a paper-scale bank is written for minutes before
+    config.json): nothing was spent or released, so the same command starts afresh."""
+    out = tmp_path / "run"
+    for bank in (out / "checkpoints" / "bank",
+                 out / "checkpoints" / "shards" / "shard-001" / "bank"):
+        bank.mkdir(parents=True)
+        (bank / "weights.npy").write_bytes(b"half a bank")
+    (out / ".tmp-k2j3l4.json").write_text('{"config": ')
+    summary = train(tiny_fmnist_dir, out)
+    assert summary.steps == STEPS and summary.resumed_from_step is None
+
+
+@pytest.mark.parametrize("left", [["checkpoints", "seed.json"], ["checkpoints", "ckpt-000001"],
+                                  ["checkpoints", "shards", "shard-001", "ckpt-000001"],
+                                  ["samples.npz"]])
+def test_a_folder_with_run_files_but_no_config_is_still_refused(tiny_fmnist_dir, tmp_path,
+                                                                 left):
+    """Only banks and temporary files mark a start that never began: a seed, a checkpoint
+    or an output without config.json is a damaged run (or someone else's folder), never
+    overwritten."""
+    out = tmp_path / "run"
+    path = out.joinpath(*left)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x")
+    with pytest.raises(run.RunDirError, match="is not empty and is not a dclens run"):
+        train(tiny_fmnist_dir, out)
+    assert path.read_bytes() == b"x"

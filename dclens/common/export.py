@@ -32,6 +32,10 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.close(handle)
 
 
+#: The name prefix of :func:`atomic_path`'s temporary files (a kill can leave one behind).
+TEMPORARY_PREFIX = ".tmp-"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """Yields a temporary path beside ``path``; renames it to ``path`` if the block succeeds."""
@@ -39,7 +43,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     suffix = os.path.splitext(path)[1]
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    handle, temporary = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, suffix=suffix,
+                                         dir=directory)
     os.close(handle)
     try:
         yield temporary

@@ -204,6 +204,27 @@ def read_saved_config(paths: RunPaths) -> dict[str, Any]:
                           "damaged: pass --restart to set it aside and start over") from error
 
 
+def _never_began(paths: RunPaths) -> bool:
+    """Whether the folder holds no run: it lacks config.json (a run's first file) and
+    holds nothing but what a start killed before config.json leaves behind: temporary
+    files of atomic writes cut short (``.tmp-*``, :func:`dclens.common.export.atomic_path`)
+    and teachers' banks being created (``checkpoints/bank``, a shard's
+    ``checkpoints/shards/shard-*/bank``: a paper-scale bank takes minutes to write, before
+    config.json).  Such a start spent nothing and released nothing (the journal comes
+    after config.json), so the run may begin afresh; a bank is rewritten by the new one."""
+    if os.path.exists(paths.config):
+        return False
+    for folder, _, files in os.walk(paths.root):
+        parts = os.path.relpath(folder, paths.root).split(os.sep)
+        in_bank = (parts[:2] == ["checkpoints", BANK_FOLDER]
+                   or (parts[:2] == ["checkpoints", SHARDS_FOLDER] and len(parts) >= 4
+                       and parts[3] == BANK_FOLDER))
+        if not in_bank and any(not name.startswith(export.TEMPORARY_PREFIX)
+                               for name in files):
+            return False
+    return True
+
+
 def plan_run(config, output_dir: str, *, differences_of, kind: str, flag: str,
              restart: bool = False,
              privacy_relevant: frozenset[str] = frozenset(),
@@ -226,7 +247,7 @@ def plan_run(config, output_dir: str, *, differences_of, kind: str, flag: str,
     """
     paths = RunPaths(output_dir)
     check_output_dir(output_dir, flag)
-    if not os.path.isdir(output_dir) or not os.listdir(output_dir):
+    if not os.path.isdir(output_dir) or _never_began(paths):
         return RunPlan(Mode.FRESH, paths)
     if restart:
         return RunPlan(Mode.FRESH, paths, set_aside=True)
@@ -459,7 +480,9 @@ def create_run_files(paths: RunPaths, config_dict: dict[str, Any], *, kind: str,
     noise is reproducible, the provenance), the README and PRIVATE markers, the PRIVATE
     seed file, and an empty write-ahead journal over ``ledger``, which is returned
     (``dclens.runs.journal.PrivacyJournal``).  Every trainer creates its run here."""
-    os.makedirs(paths.checkpoints, exist_ok=True)
+    # config.json first and alone (its atomic write makes the folder): a kill before it
+    # lands leaves nothing but, at most, its temporary file, which plan_run reads as a
+    # run that never began; checkpoints/ comes with the PRIVATE markers after it.
     export.write_json(paths.config, {"config": config_dict, "kind": kind, **facts,
                                      "reproducible_noise": seeded,
                                      "provenance": provenance()})
