@@ -10,6 +10,7 @@ Relative links between the pages must point at files (and headings) that exist.
 import contextlib
 import importlib
 import io
+import os
 import pathlib
 import re
 import shlex
@@ -131,11 +132,16 @@ OUTSIDE_FILES = ("DESIGN.md", "BASELINES.md", "LAYOUT.md")
 
 
 def _repository_text_files():
+    """Text files of the project; os.walk (unlike Path.rglob) skips a folder that a job
+    writing under results/ removes mid-scan, and atomic writes' temporaries are skipped."""
     for folder in ("dclens", "scripts", "tests", "docs", "results", "ops"):
-        for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix in {".py", ".md", ".cc", ".h", ".cu", ".sh", ".json"} and \
-                    path.is_file() and path.name != "test_readme.py":
-                yield path
+        for directory, subfolders, files in os.walk(ROOT / folder):
+            subfolders.sort()
+            for name in sorted(files):
+                path = pathlib.Path(directory) / name
+                if path.suffix in {".py", ".md", ".cc", ".h", ".cu", ".sh", ".json"} and \
+                        name != "test_readme.py" and not name.startswith(".tmp-"):
+                    yield path
     yield README
 
 
@@ -143,7 +149,10 @@ def test_nothing_cites_a_file_outside_the_repository():
     """``docs/design.md`` is ours; ``DESIGN.md`` (upper case) was the notes beside the repo."""
     cited = []
     for path in _repository_text_files():
-        text = path.read_text(errors="replace")
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:       # replaced or removed by a running job meanwhile
+            continue
         cited += [f"{path.relative_to(ROOT)}: {name}" for name in OUTSIDE_FILES
                   if re.search(rf"(?<![\w/]){re.escape(name)}", text)]
         cited += [f"{path.relative_to(ROOT)}: {hit}" for hit in
