@@ -523,8 +523,7 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: a generator {options.generator_width:g} x as "
                           f"wide ({filters} filters and {dense} dense units instead of "
                           f"{networks.GENERATOR_FILTERS} and {networks.GENERATOR_DENSE}; "
-                          f"data-independent, "
-                          f"the same sensitivity)")
+                          f"data-independent, the same sensitivity)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:
