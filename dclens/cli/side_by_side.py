@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nothreshold", dest="threshold", action="store_false",
                         help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0,
-                        help="dclens' initial weights and the replayed noise")
+                        help="dclens' initial weights, the replayed noise and the authors' "
+                             "numpy draws (latents, labels, uniforms): the same seed gives "
+                             "the same report")
     parser.add_argument("--data_dir", help="Fashion-MNIST location (default: the Debian "
                                            "package's)")
     parser.add_argument("--out", help="write the JSON report here")

@@ -23,9 +23,14 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 
 #: Float32 tolerances (each step starts both sides from the authors' state, so a step's
 #: differences are that step's round-off):
-#: * ``teacher_loss``, ``image_gradients``: max |ours - theirs| / max |theirs|; the image
-#:   gradients are compared on the same (their trained) teacher weights -- the run's own
-#:   image gradients inherit the training's round-off and are reported beside them;
+#: * ``teacher_loss``, ``image_gradients``: max |ours - theirs| / max |theirs|, both
+#:   computed on the same (their trained) teacher weights -- the run's own losses and
+#:   image gradients inherit the training's round-off and are reported beside them, not
+#:   held: in the pretrain step Adam starts from a zero state and moves a coordinate
+#:   whose gradient is round-off by a full learning rate either way, and a few such
+#:   coordinates can carry one teacher's loss 2e-4 (relative) apart (40 seeds of the
+#:   tests' 2-teacher configuration, stochastic sign without threshold: median 1.7e-7,
+#:   one seed 2.0e-4 with its weights within the movement tolerances below);
 #: * votes from the same gradients and uniforms, and the noisy update from the same vote
 #:   sums and noise, must be equal -- except the update without threshold (the authors'
 #:   ``--signsgd_nothresh``: the noisy vote sum / k, real-valued), which dclens computes in
@@ -153,6 +158,7 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
                 and moved["outlier_fraction"] <= TOLERANCES["adam_outlier_fraction"])
 
     same_input = {
+        "teacher_loss": difference(ours.teacher_loss_their_weights, theirs.teacher_loss),
         "image_gradients": difference(ours.image_gradients_their_weights, their_grads),
         "vote_sum_mismatches": int(np.sum(ours.vote_sum_their_gradients != their_votes)),
         "noisy_update_mismatches": int(np.sum(update_mismatch(
@@ -182,7 +188,8 @@ def compare_step(index: int, ours: OurStep, theirs: TheirStep,
     }
     same_update = not mismatch.any()
     row["checks"] = {
-        "teacher_loss": row["teacher_loss"]["max_rel"] <= TOLERANCES["teacher_loss"],
+        "teacher_loss": (same_input["teacher_loss"]["max_rel"]
+                         <= TOLERANCES["teacher_loss"]),
         "teacher_weights": within(row["teacher_movement"]),
         "image_gradients": (same_input["image_gradients"]["max_rel"]
                             <= TOLERANCES["image_gradients"]),
@@ -204,7 +211,9 @@ def format_row(row: dict[str, Any]) -> str:
     """One line per step: the largest differences and the verdict."""
     failed = [name for name, ok in row["checks"].items() if not ok]
     votes = row["votes"]
-    return (f"step {row['step']} (epoch {row['epoch']}): loss {row['teacher_loss']['max_rel']:.1e}"
+    return (f"step {row['step']} (epoch {row['epoch']}):"
+            f" loss {row['same_inputs']['teacher_loss']['max_rel']:.1e}"
+            f" (run: {row['teacher_loss']['max_rel']:.1e})"
             f"  teachers {row['teacher_movement']['max']:.1e} reach"
             f" ({row['teacher_movement']['outlier_fraction']:.0e} beyond 0.01)"
             f"  image grads {row['same_inputs']['image_gradients']['max_rel']:.1e}"

@@ -54,6 +54,7 @@ class OurStep:
     generator_weights: dict[str, np.ndarray]
     epsilon: float
     # dclens' functions applied to the authors' inputs of the same step:
+    teacher_loss_their_weights: np.ndarray      # their trained teachers, this batch
     image_gradients_their_weights: np.ndarray   # their trained teachers, this query
     vote_sum_their_gradients: np.ndarray        # their image gradients and uniforms
     noisy_update_their_votes: np.ndarray        # their vote sums and noise
@@ -86,6 +87,7 @@ class Observer:
         self.round = dict(
             image_gradients=grads, vote_sum=vote_sum.numpy(),
             noisy_update=result.update.numpy(), teacher_loss=teacher_loss_on_batch(lens, step),
+            teacher_loss_their_weights=teacher_loss_on_batch(lens, step, their_weights),
             image_gradients_their_weights=on_their_weights,
             vote_sum_their_gradients=lens.topagg.vote_sum(tf.constant(their_grads),
                                                           uniforms=uniforms).numpy(),
@@ -99,14 +101,17 @@ def _flat(grads: tf.Tensor) -> np.ndarray:
     return grads.reshape(grads.shape[0], grads.shape[1], -1)
 
 
-def teacher_loss_on_batch(lens: DataLens, step: int) -> np.ndarray:
-    """Each teacher's discriminator loss on this step's real batch and its fake batch."""
+def teacher_loss_on_batch(lens: DataLens, step: int,
+                          weights: tf.Tensor | None = None) -> np.ndarray:
+    """Each teacher's discriminator loss on this step's real batch and its fake batch,
+    with the teachers' current weights or ``weights`` (the bank's stacked layout)."""
     columns = lens._slot_columns()
     records = lens.partitions[:, columns]
     labels = tf.one_hot(lens.labels[records], lens.shape.num_classes)
     z = lens.latent(step)
     fakes = tf.stack([lens.generate(z, labels[i]) for i in range(len(records))])
-    weights = tf.constant(lens.bank.weights)
+    if weights is None:
+        weights = tf.constant(lens.bank.weights)
     real = lens.ensemble.logits(weights, tf.constant(lens.images[records]), labels)
     fake = lens.ensemble.logits(weights, fakes, labels)
     return (tf.reduce_mean(tf.nn.softplus(-real), axis=1)
@@ -168,6 +173,7 @@ def run_dclens(lens: DataLens, observer: Observer, steps: int,
                                getattr(lens.generator.get_layer(layer), weight).numpy()
                                for layer, weight in GENERATOR_NAMES},
             epsilon=lens.ledger.epsilon().epsilon,
+            teacher_loss_their_weights=observer.round["teacher_loss_their_weights"],
             image_gradients_their_weights=observer.round["image_gradients_their_weights"],
             vote_sum_their_gradients=observer.round["vote_sum_their_gradients"],
             noisy_update_their_votes=observer.round["noisy_update_their_votes"]))

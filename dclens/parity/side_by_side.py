@@ -15,7 +15,9 @@ What is shared, and how:
 * **Initial weights**: dclens' initial teachers and generator are copied into their
   variables by name right after their ``global_variables_initializer`` (:data:`dclens.parity.authors_side.TEACHER_NAMES`,
   :data:`dclens.parity.authors_side.GENERATOR_NAMES`).
-* **Random draws**: their code draws everything from numpy's global RNG; while it runs,
+* **Random draws**: their code draws everything from numpy's global RNG, seeded from
+  ``config.seed`` while it runs (:func:`dclens.parity.authors_side.seeded_global_numpy`:
+  the same configuration gives the same report); while it runs,
   ``np.random.uniform`` (z), ``randint`` (query labels), ``rand`` (stochastic-sign uniforms,
   one per coordinate; made float32-exact) and ``normal`` (the DP noise: their
   ``np.random.normal(votes, sigma)`` returns votes + sigma * n with n standard normal,
@@ -27,7 +29,8 @@ What is shared, and how:
 
 Compared after every generator step (their values are read at the same points of their
 loop: after the teachers' ``save_d``, in ``aggregate_results``, after the generator's
-optimizer step): each teacher's discriminator loss on its batch after its updates, every
+optimizer step): each teacher's discriminator loss on its batch after its updates (held on
+the same, their, weights; the run's own loss reported), every
 teacher weight, the image gradients, the vote sums (their value is the mean their
 ``np.random.normal`` receives), the noisy update (thresholded; or, with
 ``threshold=False``, their ``--signsgd_nothresh``: the noisy vote sum / k), every
