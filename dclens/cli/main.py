@@ -134,6 +134,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "mismatch_negatives": "train.mismatch_negatives",
                "shared_teacher_init": "train.shared_teacher_init",
                "gf_dim": "train.generator_filters", "gfc_dim": "train.generator_dense",
+               "query_batch": "train.query_batch",
                "training_records": "train.training_records"}
 
 
@@ -299,6 +300,10 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--gfc_dim", type=int, metavar="GFC",
         help="beyond the paper for other values: the generator's first dense layer's units "
              "(the authors' model's gfc_dim)")
+    add("--query_batch", type=int, metavar="Q",
+        help="beyond the paper: fake images voted on per round, the first Q of the step's "
+             "batch (the teachers keep their batch; the ledger counts Q queries a round) "
+             "[default: the batch, the paper's]")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],
         help=common_flags.TRAINING_RECORDS_HELP)

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "generator W times as wide as the paper's (64 W filters, 1024 W dense units; 64 W "
         "a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity) "
         "[default: 1, the paper's]")
+    add("--query_batch", type=int, metavar="Q", help="beyond the paper: Q fake images "
+        "voted on per round instead of the whole batch, the teachers keeping theirs (the "
+        "same Gaussian vote per query: about batch / Q x the steps at the same epsilon) "
+        "[default: the batch, the paper's]")
     add("--class_direction_every", type=int, default=0, metavar="N", help="a diagnostic "
         "for screening runs (--training_records tuning): every N steps, how much of the "
         "teachers' class evidence their gradients, vote and update carry, into "
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
             batch_size=args.train_batch_size,
             shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps,
-            generator_width=args.generator_width)
+            generator_width=args.generator_width, query_batch=args.query_batch)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

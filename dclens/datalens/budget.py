@@ -1,7 +1,8 @@
 """A DataLens run's budget and its privacy record: how many generator steps the budget
 allows before any is taken, and what ``privacy.json`` says the run spent.
 
-A generator step is ``g_step`` rounds of B TopAgg queries; each query is the Gaussian
+A generator step is ``g_step`` rounds of Q TopAgg queries (Q = ``train.query_batch``, the
+batch B by default); each query is the Gaussian
 mechanism on the thresholded votes with sensitivity 2 sqrt(k) (or the mechanism's own, e.g.
 FetchSGD's), noise multiplier sigma / sensitivity (:mod:`dclens.datalens.topagg`).  Epsilon
 is at ``budget.delta`` under the run's RDP -> (eps, delta) conversion
@@ -61,7 +62,7 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "noise_multiplier": (lens.topagg.noise_multiplier
                              if config.topagg.sigma > 0 else None),
         "num_teachers": config.train.num_teachers,
-        "queries_per_round": lens.batch,
+        "queries_per_round": lens.query_batch,
         "queries": lens.ledger.queries,
         "steps": lens.step,
         "epsilon_per_step": curve,
@@ -97,8 +98,9 @@ class BudgetTooSmall(ValueError):
 
 
 def _budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
-    """The accountant's arguments for one generator step (g_step rounds of B queries):
-    the mechanism's noise multiplier expressed as TopAgg's sigma / (2 sqrt(k))."""
+    """The accountant's arguments for one generator step (g_step rounds of ``batch``
+    queries, the run's query batch Q): the mechanism's noise multiplier expressed as
+    TopAgg's sigma / (2 sqrt(k))."""
     topagg_sensitivity = 2.0 * math.sqrt(config.topagg.topk)
     multiplier = topagg_lib.noise_multiplier(config.topagg, dim)
     equivalent_sigma = (config.topagg.sigma
@@ -138,4 +140,4 @@ def expected_steps(config: DataLensConfig, lens, total_steps: int) -> int:
     """Steps the run will take: the budget's, or the epoch cap where it comes first."""
     if config.train.non_private:
         return total_steps
-    return min(total_steps, steps_within_budget(config, lens.batch, lens.shape.dim))
+    return min(total_steps, steps_within_budget(config, lens.query_batch, lens.shape.dim))

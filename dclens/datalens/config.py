@@ -338,6 +338,14 @@ class TrainConfig:
         ``gf_dim`` 64 and ``gfc_dim`` 1024 by default).  Another width is beyond the paper
         (issue 39's lever 4); the generator is a data-independent architecture that reads
         only the released votes, so the vote's sensitivity and the ledger are unchanged.
+      query_batch: fake images voted on per TopAgg round (beyond the paper, issue 39's
+        lever 3): the round's queries are G(z_j, y_j) for the first ``query_batch`` of the
+        step's B latents, with fresh labels, and the student's update is over those
+        images only; the teachers still train on batches of B.  Each query is still one
+        Gaussian vote of sensitivity 2 sqrt(k): the ledger counts ``query_batch`` of them
+        per round, so a smaller one buys about B / query_batch x the steps at the same
+        epsilon.  At most the batch (min(batch_size, partition size), checked when the
+        run starts).  ``None`` (the default): B, the paper's.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -380,6 +388,7 @@ class TrainConfig:
     shared_teacher_init: bool = False
     generator_filters: int = 64
     generator_dense: int = 1024
+    query_batch: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.class_guidance_form, GuidanceForm),
@@ -442,6 +451,10 @@ class TrainConfig:
         _require(isinstance(self.fake_rendering, FakeRendering),
                  f"fake_rendering must be one of {[r.value for r in FakeRendering]}, "
                  f"got {self.fake_rendering!r}")
+        _require(self.query_batch is None
+                 or (is_int(self.query_batch) and self.query_batch >= 1),
+                 f"query_batch must be an integer >= 1 (at most the batch) or None (the "
+                 f"paper's: the whole batch), got {self.query_batch!r}")
         _require(self.max_records is None
                  or (is_int(self.max_records) and self.max_records >= 1),
                  f"max_records must be an integer >= 1 or None, got {self.max_records!r}")

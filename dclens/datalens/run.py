@@ -47,7 +47,7 @@ from dclens.datalens.outputs import (RAW_VOTES_MARKER, VoteWriter, class_grid,
                                      write_sample_outputs)
 from dclens.datalens.shards import plan_shards
 from dclens.datalens.step_log import LazySummaryWriter, log_step, new_progress_bar, on_off
-from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement
+from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement, check_query_batch
 from dclens.runs.journal import PrivacyJournal
 from dclens.runs.rundir import (Mode, RunDirError, RunPaths, create_run_files, open_journal,
                                 plan_run, restore_latest, root_seed as _saved_or_new_seed,
@@ -122,6 +122,7 @@ def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
         plan.paths, config.to_dict(), kind="DataLens", root_seed=root_seed, seeded=seeded,
         facts={"dataset_source": dataset.source, "records": dataset.records,
                "partition_size": lens.partition_size, "batch": lens.batch,
+               "query_batch": lens.query_batch,
                "steps_per_epoch": lens.steps_per_epoch, "seed_from_os_entropy": not seeded,
                "private": not config.train.non_private},
         ledger=lens.ledger)
@@ -285,9 +286,10 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         plan_shards(config.train.num_teachers, shards, config.train.teacher_chunk)
     dataset = load_training_data(config)
     shape = image_shape_of(dataset.spec)        # before anything is written:
-    check_budget_allows_a_step(config, min(config.train.batch_size,
-                                           len(dataset.labels) // config.train.num_teachers),
-                               shape.dim)
+    batch = min(config.train.batch_size, len(dataset.labels) // config.train.num_teachers)
+    if batch >= 1:      # an empty partition is refused by DataLens, by name
+        batch = check_query_batch(config.train.query_batch, batch)
+    check_budget_allows_a_step(config, batch, shape.dim)
     plan = plan_datalens_run(config, output_dir, restart=restart)  # another may have begun
     root_seed = _root_seed(plan, config)
     if plan.set_aside:      # before the bank, which may be created inside the directory
@@ -414,7 +416,7 @@ class _Training:
                 f"{lens.observer.path} (a diagnostic of the teachers; screening runs only)")
         log(f"{dataset.name}: {dataset.records} records, {config.train.num_teachers} "
             f"teachers x {lens.partition_size} records, batch {lens.batch}, "
-            f"{lens.batch * config.train.g_step} queries per step; output in "
+            f"{lens.query_batch * config.train.g_step} queries per step; output in "
             f"{self.output_dir}")
         conv = getattr(lens.ensemble, "conv_path", None)
         if conv is not None:
@@ -427,7 +429,7 @@ class _Training:
         total_steps = config.train.epochs * lens.steps_per_epoch
         expected = expected_steps(config, lens, total_steps)
         if not config.train.non_private:
-            budget_steps = steps_within_budget(config, lens.batch, lens.shape.dim)
+            budget_steps = steps_within_budget(config, lens.query_batch, lens.shape.dim)
             self.log(f"the budget epsilon <= {config.budget.max_eps:g} allows {budget_steps} "
                      f"steps ({config.budget.conversion.value} conversion)"
                      + (f"; the epoch cap (--epoch {config.train.epochs}) ends the run at "

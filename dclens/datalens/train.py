@@ -112,6 +112,22 @@ class TeacherPlacement:
     launch_teachers: Callable[["DataLens"], object] | None = None
 
 
+def check_query_batch(query_batch: int | None, batch: int) -> int:
+    """The images voted on per round: ``query_batch``, or ``batch`` (the teachers' batch
+    B = min(batch_size, partition size)) when None; a ValueError quoting both when it is
+    not an integer in [1, B]."""
+    if query_batch is None:
+        return batch
+    if isinstance(query_batch, bool) or not isinstance(query_batch, (int, np.integer)) \
+            or query_batch < 1:
+        raise ValueError(f"query_batch must be an integer >= 1, got {query_batch!r}")
+    if query_batch > batch:
+        raise ValueError(f"query_batch={query_batch} exceeds the step's batch of {batch} "
+                         f"(min(batch_size, partition size)): the queries are rendered from "
+                         f"the step's {batch} latents; use a value <= {batch}")
+    return int(query_batch)
+
+
 class DataLens:
     """The state of a DataLens run: data partitions, teacher bank, student, ledger.
 
@@ -168,6 +184,7 @@ class DataLens:
         self.batch = min(train_cfg.batch_size, self.partition_size)
         self.steps_per_epoch = self.partition_size // self.batch
         mismatch.check_count(train_cfg.mismatch_negatives, self.batch)
+        self.query_batch = check_query_batch(train_cfg.query_batch, self.batch)
         self.ensemble = build_ensemble(config, self.shape, placement.ensemble)
         self.topagg = build_topagg(config, self.shape)
         if placement.launch_teachers is None:
@@ -230,10 +247,10 @@ class DataLens:
         return self.step // self.steps_per_epoch
 
     def within_budget(self) -> bool:
-        """Whether one more TopAgg round of B queries keeps epsilon <= max_eps."""
+        """Whether one more TopAgg round of Q queries keeps epsilon <= max_eps."""
         if self.config.train.non_private:
             return True
-        after = self.ledger.epsilon_after_event(self.topagg.event(self.batch))
+        after = self.ledger.epsilon_after_event(self.topagg.event(self.query_batch))
         return after.epsilon <= self.config.budget.max_eps
 
     # ------------------------------------------------------------------ teachers
@@ -269,11 +286,17 @@ class DataLens:
         return tf.gather(fakes, self._fake_sequence[start:start + len(real_labels)])
 
     def query(self, z: tf.Tensor, round_index: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """A round's fake batch: (images G(z, y) [B, H, W, C], one-hot y [B, K])."""
-        labels = self.draws.query_labels(self.step, round_index, self.batch,
+        """A round's fake batch: (images G(z, y) [Q, H, W, C], one-hot y [Q, K]) for the
+        first Q = ``query_batch`` latents of the step (Q = B, the paper's, by default)."""
+        labels = self.draws.query_labels(self.step, round_index, self.query_batch,
                                          self.shape.num_classes)
         one_hot = self.one_hot(labels)
-        return self.generate(z, one_hot), one_hot
+        return self.generate(self._query_latents(z), one_hot), one_hot
+
+    def _query_latents(self, z: tf.Tensor) -> tf.Tensor:
+        """The latents of the rounds' queries: all B of the step's (the paper's), or the
+        first ``query_batch``."""
+        return z if self.query_batch == self.batch else z[:self.query_batch]
 
     @property
     def sharded(self) -> bool:
@@ -342,9 +365,9 @@ class DataLens:
             images, one_hot, vote_sum = voted
         if not self.config.train.non_private:
             # Recorded (and journaled by on_spend) before the noise is drawn.
-            self.ledger.spend(self.topagg.event(self.batch))
+            self.ledger.spend(self.topagg.event(self.query_batch))
             if self.on_spend is not None:
-                self.on_spend(self.step, round_index, self.batch)
+                self.on_spend(self.step, round_index, self.query_batch)
         with self.timer.phase("noise"):
             noise = self.noise(round_index, self.topagg.noise_shape(tuple(vote_sum.shape)))
             result = self.topagg.release(vote_sum, noise=noise)
@@ -362,7 +385,7 @@ class DataLens:
                 images + self.config.train.learning_rate * tf.reshape(result.update,
                                                                       images.shape))
             with tf.GradientTape() as tape:
-                current = self.generator([z, one_hot], training=True)
+                current = self.generator([self._query_latents(z), one_hot], training=True)
                 loss = tf.reduce_sum(tf.square(current - target))
             weights = self.generator.trainable_weights
             self.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
@@ -414,7 +437,7 @@ class DataLens:
             record = StepRecord(
                 step=self.step, epoch=self.epoch,
                 queries=self.ledger.queries - queries_before
-                if not self.config.train.non_private else self.batch * len(passes),
+                if not self.config.train.non_private else self.query_batch * len(passes),
                 epsilon=None if self.config.train.non_private else self.ledger.epsilon().epsilon,
                 teacher_loss=teacher_loss,
                 student_loss=float(np.mean(student_losses)) if student_losses else math.nan,

@@ -111,6 +111,10 @@ class ReproduceOptions:
         ``generator_dense``); 64 W must be a whole number. The architecture is
         data-independent and the generator reads only the released votes, so the
         accounting is unchanged.
+      query_batch: beyond the paper (issue 39's lever 3): the fake images voted on per
+        round (:attr:`dclens.datalens.config.TrainConfig.query_batch`) while the teachers
+        keep their batch: each query is the same Gaussian vote, so the same budget buys
+        about ``batch / query_batch`` times the steps.  At most the run's batch.
       repeat: the r-th (r >= 2) independent run of otherwise equal options: only its name
         differs (``-rep<r>``), its seed is its own (OS entropy unless ``seed`` is set).
       training_records: a :class:`dclens.data.splits.TrainingRecords` value: ``all`` (the
@@ -151,6 +155,7 @@ class ReproduceOptions:
     shared_teacher_init: bool = False
     teacher_steps: int | None = None
     generator_width: float | None = None
+    query_batch: int | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -244,7 +249,7 @@ class ReproduceOptions:
             raise ReproduceError(f"unknown training_records {self.training_records!r}; use "
                                  f"one of {[r.value for r in splits.TrainingRecords]}")
         for name in ("teachers", "epochs", "num_samples", "max_records", "teacher_chunk",
-                     "topk", "batch_size", "teacher_steps"):
+                     "topk", "batch_size", "teacher_steps", "query_batch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -265,6 +270,15 @@ class ReproduceOptions:
                 raise ReproduceError(f"batch_size {self.batch_size} exceeds the partition "
                                      f"size {partition} (records per teacher), to which a "
                                      f"run cuts its batch; give at most {partition}")
+        if self.query_batch is not None:
+            paper_teachers = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
+            partition = ((self.max_records or self.available_records)
+                         // self.resolved_teachers(paper_teachers))
+            batch = min(self.batch_size or self.paper_batch, partition)
+            if self.query_batch > batch:
+                raise ReproduceError(f"query_batch {self.query_batch} exceeds the run's batch "
+                                     f"of {batch} (the queries are rendered from the step's "
+                                     f"{batch} latents); give at most {batch}")
 
     @property
     def records(self) -> splits.TrainingRecords:
@@ -342,6 +356,8 @@ class ReproduceOptions:
             name += f"-ds{self.teacher_steps}"
         if self.generator_width is not None and self.generator_width != 1:
             name += f"-gw{self.generator_width:g}"
+        if self.query_batch is not None:
+            name += f"-qb{self.query_batch}"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -524,6 +540,12 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
                           f"wide ({filters} filters and {dense} dense units instead of "
                           f"{networks.GENERATOR_FILTERS} and {networks.GENERATOR_DENSE}; "
                           f"data-independent, the same sensitivity)")
+    if options.query_batch is not None:
+        train["query_batch"] = options.query_batch
+        deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "
+                          f"round instead of the whole batch (the teachers keep their "
+                          f"batch; each query is the same Gaussian vote, so the same budget "
+                          f"buys more steps)")
     if options.class_direction_every:     # a diagnostic: the run's outputs are the same
         train["class_direction_every"] = options.class_direction_every
     if options.records is not splits.TrainingRecords.ALL:
@@ -591,7 +613,8 @@ def _non_private(options: ReproduceOptions,
     batch = min(config.train.batch_size, records // config.train.num_teachers)
     steps = accounting.max_steps_within(
         sigma=config.topagg.sigma, topk=config.topagg.topk,
-        queries_per_step=batch * config.train.g_step, max_eps=config.budget.max_eps,
+        queries_per_step=min(config.train.query_batch or batch, batch) * config.train.g_step,
+        max_eps=config.budget.max_eps,
         delta=config.budget.delta, conversion=config.budget.conversion,
         orders=(accounting.classic_orders(config.budget.max_order)
                 if config.budget.conversion is accounting.Conversion.CLASSIC else None))

@@ -1,0 +1,174 @@
+"""Fewer fake images voted on per round than the teachers' batch (``TrainConfig.query_batch``;
+issue 39's lever 3, the queries per step at equal epsilon):
+
+* exact: a round queries G(z_j, y_j) for the first Q of the step's B latents with Q fresh
+  labels; the vote sum, the noise and the released update are [Q, D]; the student's
+  update reads those Q images only; the teachers still train on batches of B;
+* the ledger: each round spends Q queries (journal and step record say so), and a run's
+  epsilon is the accountant's for Q queries per step, so the same budget allows about
+  B / Q times the steps;
+* privacy: the teachers are the paper's, so one teacher's records swapped adversarially
+  still change that teacher alone and the vote sum moves by at most 2 sqrt(k);
+* the default (None) is the whole batch, and a config written before the option loads
+  with it; bad values are refused by name, before anything is written; the CLIs set it
+  (``reproduce.py --query_batch`` as a named deviation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import synthetic_fashion_mnist
+from teacher_swap import assert_a_swapped_teacher_moves_only_itself, two_teacher_config
+from dclens.cli import main as main_cli
+from dclens.cli import reproduce as reproduce_cli
+from dclens.datalens import budget, config as cfg
+from dclens.datalens.train import DataLens, check_query_batch
+from dclens.experiments import paper_rows
+from dclens.privacy import accounting
+
+
+class _Rounds:
+    """Records what every round queried and released (the observer hook)."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def round_released(self, step, round_index, images, one_hot, vote_sum, result):
+        self.rounds.append(dict(step=step, images=np.array(images), one_hot=np.array(one_hot),
+                                vote_sum=np.array(vote_sum), update=np.array(result.update)))
+
+
+def _lens(query_batch, **train):
+    config = two_teacher_config(query_batch=query_batch, **train)
+    return DataLens(config, synthetic_fashion_mnist(16), root_seed=5)
+
+
+def test_a_round_queries_the_first_q_latents_with_q_fresh_labels():
+    lens = _lens(3)
+    assert (lens.batch, lens.query_batch) == (4, 3)
+    seen = _Rounds()
+    lens.observer = seen
+    z = lens.latent(0)
+    record = lens.train_step()
+    (round0,) = seen.rounds
+    assert round0["images"].shape == (3, 28, 28, 1)
+    assert round0["vote_sum"].shape == (3, 784)
+    assert round0["update"].shape == (3, 784)
+    labels = lens.draws.query_labels(0, 0, 3, 10)
+    np.testing.assert_array_equal(round0["one_hot"], tf.one_hot(labels, 10).numpy())
+    # the generator took its step after the query: render from a twin's state before it
+    before = _lens(3)
+    np.testing.assert_array_equal(round0["images"],
+                                  before.generate(z[:3], tf.constant(round0["one_hot"])))
+    assert np.any(round0["images"] != before.generate(z[1:4], tf.constant(round0["one_hot"])))
+    assert record.queries == 3
+    assert np.abs(round0["vote_sum"]).sum() > 0
+
+
+def test_the_teachers_keep_their_batch():
+    """The teachers' training is the same with Q < B as with the whole batch (the same
+    real and fake batches of B): bit-equal teacher weights after a step."""
+    small, whole = _lens(2), _lens(None)
+    small.train_step()
+    whole.train_step()
+    np.testing.assert_array_equal(np.array(small.bank.weights), np.array(whole.bank.weights))
+
+
+def test_the_ledger_counts_q_queries_a_round():
+    lens = _lens(2, g_step=2)
+    spends = []
+    lens.on_spend = lambda step, round_index, count: spends.append(count)
+    for _ in range(3):
+        lens.train_step()
+    assert spends == [2] * 6
+    assert lens.ledger.queries == 12
+    topagg = lens.config.topagg
+    expected = accounting.epsilon_for(
+        steps=3, sigma=topagg.sigma, topk=topagg.topk, queries_per_step=2 * 2,
+        delta=lens.config.budget.delta, conversion=lens.config.budget.conversion,
+        orders=accounting.classic_orders(lens.config.budget.max_order)).epsilon
+    assert lens.ledger.epsilon().epsilon == pytest.approx(expected, rel=1e-12)
+    whole = _lens(None, g_step=2)
+    whole.train_step()
+    assert whole.ledger.queries == 8            # B = 4 per round, the paper's
+
+
+def test_the_same_budget_allows_about_b_over_q_times_the_steps():
+    config = two_teacher_config(query_batch=1)
+    config = config.replace(topagg={"sigma": 40.0}, budget={"max_eps": 10.0})
+    few = budget.steps_within_budget(config, 4, 784)
+    many = budget.steps_within_budget(config, 1, 784)
+    assert few >= 1 and 3.5 * few <= many <= 4 * few + 4
+    lens = DataLens(config, synthetic_fashion_mnist(16), root_seed=5)
+    assert budget.expected_steps(config, lens, 10_000) == many
+
+
+def test_one_teachers_records_swapped_move_only_its_own_teacher():
+    assert_a_swapped_teacher_moves_only_itself(two_teacher_config(query_batch=2))
+
+
+def test_the_default_is_the_whole_batch_and_old_configs_load():
+    assert cfg.TrainConfig().query_batch is None
+    assert _lens(None).query_batch == 4
+    assert _lens(4).query_batch == 4
+    config = two_teacher_config(query_batch=3)
+    assert cfg.DataLensConfig.from_dict(config.to_dict()).train.query_batch == 3
+    old = config.to_dict()
+    del old["train"]["query_batch"]              # a config.json from before the option
+    assert cfg.DataLensConfig.from_dict(old).train.query_batch is None
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "3"])
+def test_a_bad_query_batch_is_refused_by_name(bad):
+    with pytest.raises(cfg.ConfigError, match=f"query_batch must be an integer >= 1 .*got "
+                                              f"{bad!r}"):
+        cfg.TrainConfig(query_batch=bad)
+    with pytest.raises(ValueError, match=f"query_batch must be an integer >= 1, got {bad!r}"):
+        check_query_batch(bad, 4)
+
+
+def test_a_query_batch_larger_than_the_batch_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="query_batch=5 exceeds the step's batch of 4 .*use "
+                                         "a value <= 4"):
+        _lens(5)
+    from dclens.datalens import run
+    config = two_teacher_config(query_batch=40, dataset="fashion_mnist", max_records=40)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="query_batch=40 exceeds the step's batch of 4"):
+        run.train_run(config, str(out), progress=False, log=lambda line: None)
+    assert not out.exists()
+
+
+def test_reproduce_names_the_lever_and_keeps_the_budget():
+    paper = cfg.paper_preset("fashion_mnist", 1)
+    options = paper_rows.ReproduceOptions("fashion_mnist", 1, query_batch=5)
+    assert options.default_name() == "fashion_mnist-eps1-qb5"
+    config, deviations = paper_rows.build_config(options)
+    assert config.train.query_batch == 5
+    assert dataclasses.replace(config.train, query_batch=None) == paper.train
+    assert (config.topagg, config.budget) == (paper.topagg, paper.budget)
+    assert deviations == ["beyond the paper: 5 fake images voted on per round instead of "
+                          "the whole batch (the teachers keep their batch; each query is the "
+                          "same Gaussian vote, so the same budget buys more steps)"]
+    with pytest.raises(paper_rows.ReproduceError,
+                       match="query_batch 16 exceeds the run's batch of 15"):
+        paper_rows.ReproduceOptions("fashion_mnist", 1, query_batch=16)
+    with pytest.raises(paper_rows.ReproduceError, match="query_batch must be an integer"):
+        paper_rows.ReproduceOptions("fashion_mnist", 1, query_batch=0)
+
+
+def test_the_clis_set_it():
+    args = main_cli.build_parser().parse_args(["--dataset", "fashion_mnist",
+                                               "--query_batch", "5"])
+    assert main_cli.resolve(args)[1].train.query_batch == 5
+    default = main_cli.resolve(main_cli.build_parser().parse_args(
+        ["--dataset", "fashion_mnist"]))[1].train
+    assert default.query_batch is None
+    parsed = reproduce_cli.build_parser().parse_args(["fashion_mnist", "--eps", "1",
+                                                      "--query_batch", "5"])
+    assert parsed.query_batch == 5
