@@ -144,6 +144,18 @@ def test_a_query_batch_larger_than_the_batch_is_refused_before_anything_is_writt
     assert not out.exists()
 
 
+def test_a_run_resumes_only_with_its_own_query_batch():
+    from dclens.datalens import resume
+    saved = two_teacher_config(query_batch=3).to_dict()
+    assert resume.resume_differences(saved, two_teacher_config(query_batch=3)) == []
+    assert resume.resume_differences(saved, two_teacher_config(query_batch=2)) == [
+        ("train.query_batch", 3, 2)]
+    assert "train.query_batch" in resume.PRIVACY_RELEVANT    # named so in the refusal
+    old = two_teacher_config().to_dict()
+    del old["train"]["query_batch"]              # a run from before the option resumes
+    assert resume.resume_differences(old, two_teacher_config()) == []
+
+
 def test_reproduce_names_the_lever_and_keeps_the_budget():
     paper = cfg.paper_preset("fashion_mnist", 1)
     options = paper_rows.ReproduceOptions("fashion_mnist", 1, query_batch=5)
