@@ -17,6 +17,8 @@ issue 39's lever 3, the queries per step at equal epsilon):
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ from conftest import synthetic_fashion_mnist
 from teacher_swap import assert_a_swapped_teacher_moves_only_itself, two_teacher_config
 from dclens.cli import main as main_cli
 from dclens.cli import reproduce as reproduce_cli
-from dclens.datalens import budget, config as cfg
+from dclens.datalens import budget, config as cfg, resume, run
 from dclens.datalens.train import DataLens, check_query_batch
 from dclens.experiments import paper_rows
 from dclens.privacy import accounting
@@ -136,7 +138,6 @@ def test_a_query_batch_larger_than_the_batch_is_refused_before_anything_is_writt
     with pytest.raises(ValueError, match="query_batch=5 exceeds the step's batch of 4 .*use "
                                          "a value <= 4"):
         _lens(5)
-    from dclens.datalens import run
     config = two_teacher_config(query_batch=40, dataset="fashion_mnist", max_records=40)
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="query_batch=40 exceeds the step's batch of 4"):
@@ -145,7 +146,6 @@ def test_a_query_batch_larger_than_the_batch_is_refused_before_anything_is_writt
 
 
 def test_a_run_resumes_only_with_its_own_query_batch():
-    from dclens.datalens import resume
     saved = two_teacher_config(query_batch=3).to_dict()
     assert resume.resume_differences(saved, two_teacher_config(query_batch=3)) == []
     assert resume.resume_differences(saved, two_teacher_config(query_batch=2)) == [
@@ -184,3 +184,33 @@ def test_the_clis_set_it():
     parsed = reproduce_cli.build_parser().parse_args(["fashion_mnist", "--eps", "1",
                                                       "--query_batch", "5"])
     assert parsed.query_batch == 5
+
+
+def test_a_whole_run_spends_q_a_round_and_sharded_teachers_give_it_bit_for_bit(
+        tiny_fmnist_dir, tmp_path):
+    """Through the run directory (budget planning, journal, privacy.json, samples): the
+    in-process run and the same run with its teachers in 2 in-process shard workers."""
+    config = cfg.DataLensConfig(
+        train=cfg.TrainConfig(dataset="fashion_mnist", data_dir=str(tiny_fmnist_dir),
+                              num_teachers=4, batch_size=6, d_step=1, pretrain_teacher=1,
+                              z_dim=8, teacher_chunk=2, epochs=2, num_samples=12, seed=3,
+                              g_step=2, query_batch=2),
+        topagg=cfg.TopAggConfig(topk=40, sigma=5.0, thresh=0.2, max_grad=10.0),
+        budget=cfg.BudgetConfig(max_eps=1e6))
+    outputs = []
+    for name, kwargs in (("alone", {}), ("sharded", dict(shards=2,
+                                                         shard_backend="inprocess"))):
+        out = tmp_path / name
+        summary = run.train_run(config, str(out), progress=False, log=lambda line: None,
+                                **kwargs)
+        with open(os.path.join(out, "privacy.json")) as stream:
+            privacy = json.load(stream)
+        samples = np.load(os.path.join(out, "samples.npz"))
+        outputs.append((privacy, samples["x"]))
+        assert privacy["queries_per_round"] == 2
+        assert privacy["queries"] == 2 * 2 * privacy["steps"] > 0
+        assert summary is not None
+    (privacy_a, x_a), (privacy_b, x_b) = outputs
+    np.testing.assert_array_equal(x_a, x_b)
+    assert privacy_a["epsilon_per_step"] == privacy_b["epsilon_per_step"]
+    assert privacy_a["ledger"] == privacy_b["ledger"]
