@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 from dclens import data
+from dclens.cli import side_by_side as side_by_side_cli
 from dclens.datalens.config import Aggregation
-from dclens.parity import authors_side, compare, side_by_side, tf1_compat
+from dclens.parity import authors_side, compare, seed_sweep, side_by_side, tf1_compat
 from dclens.parity.our_side import OurStep
 
 AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "authors-datalens"
@@ -280,3 +281,55 @@ def test_the_configuration_maps_threshold_and_sign_to_the_aggregation():
         assert config.dclens_config().topagg.method is method
     with pytest.raises(side_by_side.SideBySideError, match="threshold must be True or False"):
         side_by_side.SideBySideConfig(threshold="no")
+
+
+# ------------------------------------------------------------------ over many seeds
+def _fake_report(seed: int, loss: float, agree: bool = True) -> dict:
+    row = {"step": 0, "agree": agree, "checks": {"teacher_loss": agree, "votes": True},
+           "same_inputs": {"teacher_loss": {"max_rel": loss / 100},
+                           "image_gradients": {"max_rel": 1e-6}},
+           "teacher_loss": {"max_rel": loss}, "image_gradients": {"max_rel": 0.1},
+           "teacher_movement": {"max": 0.01 * seed, "outlier_fraction": 0.0},
+           "votes": {"vote_sum_mismatches_unexplained": 0}, "epsilon": {"rel": 0.0}}
+    return {"agree": agree, "steps": [row]}
+
+
+def test_the_seed_sweep_runs_each_seed_and_summarises_every_check(monkeypatch):
+    """Seeds seed ... seed + N - 1, each its own configuration; per quantity the median,
+    the maximum and its seed, beside the tolerance (None: reported only)."""
+    losses = {5: 1e-7, 6: 2e-4, 7: 3e-7}
+    seen = []
+
+    def fake(config, repo, log):
+        seen.append(config.seed)
+        return _fake_report(config.seed, losses[config.seed], agree=config.seed != 7)
+
+    monkeypatch.setattr(seed_sweep, "run_side_by_side", fake)
+    config = side_by_side.SideBySideConfig(**{**TINY, "seed": 5})
+    lines = []
+    sweep = seed_sweep.run_seeds(config, AUTHORS, 3, log=lines.append)
+    assert seen == [5, 6, 7]
+    assert sweep["disagreeing_seeds"] == [7]
+    assert sweep["per_seed"][2]["failed"] == {0: ["teacher_loss"]}
+    run_loss = sweep["summary"]["step 0"]["teacher_loss_run"]
+    assert run_loss == {"median": 3e-7, "max": 2e-4, "seed_of_max": 6, "tolerance": None}
+    held = sweep["summary"]["step 0"]["teacher_loss_same_weights"]
+    assert held["max"] == pytest.approx(2e-6) and held["seed_of_max"] == 6
+    assert held["tolerance"] == compare.TOLERANCES["teacher_loss"]
+    movement = sweep["summary"]["step 0"]["teacher_movement_max_reach"]
+    assert movement["seed_of_max"] == 7 and movement["median"] == pytest.approx(0.06)
+    assert len(lines) == 3 and "DISAGREE" in lines[2]
+    with pytest.raises(side_by_side.SideBySideError, match="--seeds must be an integer >= 1"):
+        seed_sweep.run_seeds(config, AUTHORS, 0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
+    (["--seeds", "3", "--free_running"], "--seeds repeats the judged lockstep comparison"),
+    (["--seeds", "3", "--whole_runs", "2"], "--seeds repeats the judged lockstep comparison"),
+])
+def test_the_seed_sweep_refuses_what_it_cannot_judge(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        side_by_side_cli.main(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

@@ -3,6 +3,7 @@
   python scripts/side_by_side.py --authors_repo ../shared/authors-datalens
   python scripts/side_by_side.py --steps 6 --teachers 4 --records 15 --nostochastic
   python scripts/side_by_side.py --nothreshold --nostochastic   # their --signsgd_nothresh
+  python scripts/side_by_side.py --seeds 10    # seeds 0-9: every check's margin over draws
 
 Both get the same data and partitions (the authors' partitioner on a class-balanced
 subset of the real Fashion-MNIST), the same initial weights, latents, labels,
@@ -40,7 +41,7 @@ from dclens.common import export, reporting
 from dclens.data import DataError
 from dclens.evaluation import authors_protocol, classifiers, evaluate
 from dclens.evaluation import quality
-from dclens.parity import (side_by_side, tf1_compat, whole_run, whole_run_report,
+from dclens.parity import (seed_sweep, side_by_side, tf1_compat, whole_run, whole_run_report,
                            whole_run_study)
 from dclens.runs.output_checks import RunDirError, check_output_file
 
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "trajectories (reported, not judged)")
     parser.add_argument("--perturb", choices=("noise", "weights"),
                         help="change one of dclens' inputs, to see the harness flag it")
+    parser.add_argument("--seeds", type=int, metavar="N",
+                        help="the lockstep comparison at seeds --seed ... --seed + N - 1 "
+                             "(each other draws and initial weights): every checked "
+                             "quantity's median and maximum over the seeds beside its "
+                             "tolerance; exit status 1 if a seed disagrees")
     whole = parser.add_argument_group(
         "whole runs", "train each side --whole_runs times from its own seed to the end of "
         "one budget, evaluate every run alike and compare the distributions "
@@ -150,6 +156,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for name in ("pretrain_teacher", "seed"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be an integer >= 0, got {getattr(args, name)}")
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be an integer >= 1, got {args.seeds}")
 
 
 def whole_run_config(parser: argparse.ArgumentParser,
@@ -222,6 +230,23 @@ def run_whole(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return 0
 
 
+def _report_seeds(sweep: dict, out: str | None) -> int:
+    """Prints the sweep's summary (one line per step and quantity); writes it to ``out``."""
+    for step, rows in sweep["summary"].items():
+        for name, row in rows.items():
+            held = ("reported only" if row["tolerance"] is None
+                    else f"tolerance {row['tolerance']:g}")
+            print(f"{step}  {name:34s} median {row['median']:.2e}  max {row['max']:.2e} "
+                  f"(seed {row['seed_of_max']})  {held}")
+    bad = sweep["disagreeing_seeds"]
+    print(f"{sweep['seeds'] - len(bad)} of {sweep['seeds']} seeds agree"
+          + (f"; disagreeing: {bad}" if bad else "") + f" ({sweep['seconds']:.0f} s)")
+    if out:
+        export.write_json(out, sweep)
+        print(f"report: {out}")
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -229,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.whole_runs is not None and not args.threshold:
         parser.error("--nothreshold is a lockstep comparison only: whole runs train the "
                      "thresholded sign; drop --nothreshold or --whole_runs")
+    if args.seeds is not None and (args.free_running or args.perturb
+                                   or args.whole_runs is not None):
+        parser.error("--seeds repeats the judged lockstep comparison: drop --free_running, "
+                     "--perturb and --whole_runs")
     if args.whole_runs is not None:
         return run_whole(parser, args, list(sys.argv[1:] if argv is None else argv))
 
@@ -241,13 +270,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             z_dim=args.z_dim, seed=args.seed, data_dir=args.data_dir)
         if args.out:        # written at the end: refuse a path that cannot take it now
             check_output_file(args.out, "--out", "side_by_side.json")
-        report = side_by_side.run_side_by_side(config, args.authors_repo,
-                                               perturb=args.perturb,
-                                               free_running=args.free_running)
+        if args.seeds is not None:
+            sweep = seed_sweep.run_seeds(config, args.authors_repo, args.seeds,
+                                         log=functools.partial(print, flush=True))
+        else:
+            report = side_by_side.run_side_by_side(config, args.authors_repo,
+                                                   perturb=args.perturb,
+                                                   free_running=args.free_running)
     except (side_by_side.SideBySideError, tf1_compat.AuthorsCodeError, DataError,
             RunDirError) as error:
         print(f"side_by_side.py: error: {error}", file=sys.stderr)
         return 2
+    if args.seeds is not None:
+        return _report_seeds(sweep, args.out)
     verdict = {True: "all steps agree", False: "DISAGREEMENT",
                None: "free-running trajectories (not judged)"}[report["agree"]]
     print(f"{verdict} ({len(report['steps'])} steps, {report['seconds']:.0f} s)")
