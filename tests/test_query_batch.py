@@ -50,26 +50,52 @@ def _lens(query_batch, **train):
     return DataLens(config, synthetic_fashion_mnist(16), root_seed=5)
 
 
-def test_a_round_queries_the_first_q_latents_with_q_fresh_labels():
+def test_a_round_renders_the_batch_and_votes_on_its_first_q():
     lens = _lens(3)
     assert (lens.batch, lens.query_batch) == (4, 3)
     seen = _Rounds()
     lens.observer = seen
     z = lens.latent(0)
+    twin = _lens(3)                  # the generator before the step's update
     record = lens.train_step()
     (round0,) = seen.rounds
     assert round0["images"].shape == (3, 28, 28, 1)
     assert round0["vote_sum"].shape == (3, 784)
     assert round0["update"].shape == (3, 784)
-    labels = lens.draws.query_labels(0, 0, 3, 10)
-    np.testing.assert_array_equal(round0["one_hot"], tf.one_hot(labels, 10).numpy())
-    # the generator took its step after the query: render from a twin's state before it
-    before = _lens(3)
-    np.testing.assert_array_equal(round0["images"],
-                                  before.generate(z[:3], tf.constant(round0["one_hot"])))
-    assert np.any(round0["images"] != before.generate(z[1:4], tf.constant(round0["one_hot"])))
+    labels = tf.one_hot(lens.draws.query_labels(0, 0, 4, 10), 10)   # B labels drawn
+    np.testing.assert_array_equal(round0["one_hot"], labels[:3].numpy())
+    # all B rendered together (batch statistics over B), the first Q voted on
+    rendered = twin.generate(z, labels).numpy()
+    np.testing.assert_array_equal(round0["images"], rendered[:3])
+    assert np.any(round0["images"] != twin.generate(z[:3], labels[:3]).numpy())
     assert record.queries == 3
     assert np.abs(round0["vote_sum"]).sum() > 0
+
+
+def test_the_students_update_is_over_the_voted_images_only():
+    """Against a reference written out here: one Adam step on
+    sum((G(z, y)[:Q] - stop_gradient(x[:Q] + lr * update))^2), G over all B (z, y)."""
+    lens, twin = _lens(2), _lens(2)
+    seen = _Rounds()
+    lens.observer = seen
+    z = lens.latent(0)
+    rendered, one_hot = lens.query(z, 0)
+    votes = lens.vote(lens.voted(rendered), lens.voted(one_hot), 0)
+    lens.student_round(z, 0, voted=(rendered, one_hot, votes))
+    update = seen.rounds[0]["update"].reshape(2, 28, 28, 1)
+    target = rendered.numpy()[:2] + lens.config.train.learning_rate * update
+    with tf.GradientTape() as tape:
+        current = twin.generator([z, one_hot], training=True)[:2]
+        loss = tf.reduce_sum(tf.square(current - target))
+    weights = twin.generator.trainable_weights
+    twin.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
+    moved = False
+    for a, b, before in zip(lens.generator.trainable_weights, weights,
+                            _lens(2).generator.trainable_weights):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
+        moved |= bool(np.any(np.array(a) != np.array(before)))
+    assert moved
+    assert lens.ledger.queries == 2
 
 
 def test_the_teachers_keep_their_batch():

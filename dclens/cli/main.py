@@ -301,8 +301,8 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="beyond the paper for other values: the generator's first dense layer's units "
              "(the authors' model's gfc_dim)")
     add("--query_batch", type=int, metavar="Q",
-        help="beyond the paper: fake images voted on per round, the first Q of the step's "
-             "batch (the teachers keep their batch; the ledger counts Q queries a round) "
+        help="beyond the paper: fake images voted on per round, the first Q of the B it "
+             "renders (the teachers keep their batch; the ledger counts Q queries a round) "
              "[default: the batch, the paper's]")
     add("--max_records", type=int, help="train on the first N records only")
     add("--training_records", choices=[r.value for r in cfg.TrainingRecords],

@@ -339,9 +339,10 @@ class TrainConfig:
         (issue 39's lever 4); the generator is a data-independent architecture that reads
         only the released votes, so the vote's sensitivity and the ledger are unchanged.
       query_batch: fake images voted on per TopAgg round (beyond the paper, issue 39's
-        lever 3): the round's queries are G(z_j, y_j) for the first ``query_batch`` of the
-        step's B latents, with fresh labels, and the student's update is over those
-        images only; the teachers still train on batches of B.  Each query is still one
+        lever 3): the round still renders its B images G(z_j, y_j) (so the generator's
+        batch statistics are over B, as in the paper), but only the first
+        ``query_batch`` are voted on and the student's update moves only those; the
+        teachers still train on batches of B.  Each query is still one
         Gaussian vote of sensitivity 2 sqrt(k): the ledger counts ``query_batch`` of them
         per round, so a smaller one buys about B / query_batch x the steps at the same
         epsilon.  At most the batch (min(batch_size, partition size), checked when the

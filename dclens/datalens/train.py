@@ -286,17 +286,18 @@ class DataLens:
         return tf.gather(fakes, self._fake_sequence[start:start + len(real_labels)])
 
     def query(self, z: tf.Tensor, round_index: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """A round's fake batch: (images G(z, y) [Q, H, W, C], one-hot y [Q, K]) for the
-        first Q = ``query_batch`` latents of the step (Q = B, the paper's, by default)."""
-        labels = self.draws.query_labels(self.step, round_index, self.query_batch,
+        """A round's rendered batch: (images G(z, y) [B, H, W, C], one-hot y [B, K]); the
+        first ``query_batch`` of them are voted on (:meth:`voted`)."""
+        labels = self.draws.query_labels(self.step, round_index, self.batch,
                                          self.shape.num_classes)
         one_hot = self.one_hot(labels)
-        return self.generate(self._query_latents(z), one_hot), one_hot
+        return self.generate(z, one_hot), one_hot
 
-    def _query_latents(self, z: tf.Tensor) -> tf.Tensor:
-        """The latents of the rounds' queries: all B of the step's (the paper's), or the
-        first ``query_batch``."""
-        return z if self.query_batch == self.batch else z[:self.query_batch]
+    def voted(self, rendered: tf.Tensor) -> tf.Tensor:
+        """The queried part of a round's rendered batch: all B images (the paper's) or the
+        first ``query_batch``.  The whole batch is rendered either way, so the generator's
+        batch statistics are over B images in the query and in the student's update."""
+        return rendered if self.query_batch == self.batch else rendered[:self.query_batch]
 
     @property
     def sharded(self) -> bool:
@@ -352,17 +353,19 @@ class DataLens:
                       ) -> tuple[float, float]:
         """Step 3, one round: query, spend, release, update.  Returns (loss, pass fraction).
 
-        ``voted``: (images, one-hot labels, vote sum) of this round if already computed
-        (round 0, fused with the teachers' training).
+        ``voted``: (rendered images [B], their one-hot labels, the vote sum of the queried
+        ones) of this round if already computed (round 0, fused with the teachers'
+        training).
         """
         if not self.within_budget():
             raise BudgetExhausted()
         if voted is None:
             with self.timer.phase("generator_forward"):
-                images, one_hot = self.query(z, round_index)
-            vote_sum = self.vote(images, one_hot, round_index)
+                rendered, one_hot = self.query(z, round_index)
+            vote_sum = self.vote(self.voted(rendered), self.voted(one_hot), round_index)
         else:
-            images, one_hot, vote_sum = voted
+            rendered, one_hot, vote_sum = voted
+        images = self.voted(rendered)
         if not self.config.train.non_private:
             # Recorded (and journaled by on_spend) before the noise is drawn.
             self.ledger.spend(self.topagg.event(self.query_batch))
@@ -378,14 +381,14 @@ class DataLens:
                     votes, sigma=self.config.topagg.sigma, topk=self.config.topagg.topk,
                     orders=self.analysis_orders)
         if self.observer is not None:
-            self.observer.round_released(self.step, round_index, images, one_hot, vote_sum,
-                                         result)
+            self.observer.round_released(self.step, round_index, images,
+                                         self.voted(one_hot), vote_sum, result)
         with self.timer.phase("student_update"):
             target = tf.stop_gradient(
                 images + self.config.train.learning_rate * tf.reshape(result.update,
                                                                       images.shape))
             with tf.GradientTape() as tape:
-                current = self.generator([self._query_latents(z), one_hot], training=True)
+                current = self.voted(self.generator([z, one_hot], training=True))
                 loss = tf.reduce_sum(tf.square(current - target))
             weights = self.generator.trainable_weights
             self.student_optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
@@ -424,7 +427,8 @@ class DataLens:
         with self.timer.phase("generator_forward"):
             fakes = self.teacher_fakes(z)
             first_query = self.query(z, 0)
-        teacher_loss, first_votes = self.train_teachers(fakes, first_query)
+        teacher_loss, first_votes = self.train_teachers(
+            fakes, (self.voted(first_query[0]), self.voted(first_query[1])))
         queries_before = self.ledger.queries
         student_losses, passes = [], []
         try:
