@@ -2,9 +2,8 @@
 allows before any is taken, and what ``privacy.json`` says the run spent.
 
 A generator step is ``g_step`` rounds of Q TopAgg queries (Q = ``train.query_batch``, the
-batch B by default); each query is the Gaussian
-mechanism on the thresholded votes with sensitivity 2 sqrt(k) (or the mechanism's own, e.g.
-FetchSGD's), noise multiplier sigma / sensitivity (:mod:`dclens.datalens.topagg`).  Epsilon
+batch B by default); each query is the Gaussian mechanism on the thresholded votes with
+sensitivity 2 sqrt(k) (or the mechanism's own, e.g. FetchSGD's), noise multiplier sigma / sensitivity (:mod:`dclens.datalens.topagg`).  Epsilon
 is at ``budget.delta`` under the run's RDP -> (eps, delta) conversion
 (:mod:`dclens.privacy.accounting`).
 """

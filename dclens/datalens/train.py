@@ -123,8 +123,8 @@ def check_query_batch(query_batch: int | None, batch: int) -> int:
         raise ValueError(f"query_batch must be an integer >= 1, got {query_batch!r}")
     if query_batch > batch:
         raise ValueError(f"query_batch={query_batch} exceeds the step's batch of {batch} "
-                         f"(min(batch_size, partition size)): the queries are rendered from "
-                         f"the step's {batch} latents; use a value <= {batch}")
+                         f"(min(batch_size, partition size)): a round renders {batch} images "
+                         f"and votes on the first query_batch; use a value <= {batch}")
     return int(query_batch)
 
 

@@ -262,23 +262,20 @@ class ReproduceOptions:
             raise ReproduceError(f"max_records {self.max_records} exceeds the "
                                  f"{self.available_records} {self.records.value} training "
                                  f"records of {self.dataset}")
-        if self.batch_size is not None:
-            paper_teachers = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
-            partition = ((self.max_records or self.available_records)
-                         // self.resolved_teachers(paper_teachers))
-            if self.batch_size > partition:
-                raise ReproduceError(f"batch_size {self.batch_size} exceeds the partition "
-                                     f"size {partition} (records per teacher), to which a "
-                                     f"run cuts its batch; give at most {partition}")
-        if self.query_batch is not None:
-            paper_teachers = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
-            partition = ((self.max_records or self.available_records)
-                         // self.resolved_teachers(paper_teachers))
-            batch = min(self.batch_size or self.paper_batch, partition)
-            if self.query_batch > batch:
-                raise ReproduceError(f"query_batch {self.query_batch} exceeds the run's batch "
-                                     f"of {batch} (the queries are rendered from the step's "
-                                     f"{batch} latents); give at most {batch}")
+        if self.batch_size is None and self.query_batch is None:
+            return
+        paper_teachers = cfg.paper_preset(self.dataset, self.eps).train.num_teachers
+        partition = ((self.max_records or self.available_records)
+                     // self.resolved_teachers(paper_teachers))
+        if self.batch_size is not None and self.batch_size > partition:
+            raise ReproduceError(f"batch_size {self.batch_size} exceeds the partition "
+                                 f"size {partition} (records per teacher), to which a "
+                                 f"run cuts its batch; give at most {partition}")
+        batch = min(self.batch_size or self.paper_batch, partition)
+        if self.query_batch is not None and self.query_batch > batch:
+            raise ReproduceError(f"query_batch {self.query_batch} exceeds the run's batch "
+                                 f"of {batch} (a round renders {batch} images and votes on "
+                                 f"the first query_batch); give at most {batch}")
 
     @property
     def records(self) -> splits.TrainingRecords:

@@ -43,8 +43,8 @@ NORMALISED_AWAY = ("conv1/bias", "dense2/bias", "g_h0_lin/bias", "g_h1_lin/bias"
 #:   sums) may step the other way in the two implementations: about 2 learning rates
 #:   per Adam step, i.e. 2 reaches (not a strict bound: from a zero state with beta1 0.5
 #:   and beta2 0.999, Adam's t-th step can reach 1.054 learning rates at t = 2 and 1.13
-#:   at t = 3, for gradients that grow in that worst-case way).  Held: at most ``adam_outlier_fraction`` of the
-#:   weights differ by more than ``adam_outlier`` reach, and none by more than
+#:   at t = 3, for gradients that grow in that worst-case way).  Held: at most
+#:   ``adam_outlier_fraction`` of the weights differ by more than ``adam_outlier`` reach, and none by more than
 #:   ``adam_max`` reaches (a wrong learning rate, moment or normalisation moves almost
 #:   every weight; measured over 17 runs of the tests' 2-teacher config: 0.007 to 0.98
 #:   reach in the pretrain step, with up to 0.3% of the weights beyond 0.01 reach, and 0

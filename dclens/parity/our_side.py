@@ -78,6 +78,7 @@ class Observer:
             {n: tf.constant(theirs.teacher_weights[n]) for n in TEACHER_NAMES})
         on_their_weights = _flat(lens.ensemble.image_gradients(their_weights, images, one_hot))
         their_grads = np.stack(theirs.image_gradients, axis=1).reshape(grads.shape)
+        losses = teacher_losses_on_batch(lens, step, [weights, their_weights])
         uniforms = None
         if lens.topagg.uniform_count(their_grads.shape[-1]):      # a stochastic sign
             uniforms = topagg.uniforms_in_topk_order(
@@ -86,8 +87,8 @@ class Observer:
         their_votes = np.rint(np.stack(theirs.vote_sums)).astype(np.int32)
         self.round = dict(
             image_gradients=grads, vote_sum=vote_sum.numpy(),
-            noisy_update=result.update.numpy(), teacher_loss=teacher_loss_on_batch(lens, step),
-            teacher_loss_their_weights=teacher_loss_on_batch(lens, step, their_weights),
+            noisy_update=result.update.numpy(), teacher_loss=losses[0],
+            teacher_loss_their_weights=losses[1],
             image_gradients_their_weights=on_their_weights,
             vote_sum_their_gradients=lens.topagg.vote_sum(tf.constant(their_grads),
                                                           uniforms=uniforms).numpy(),
@@ -101,21 +102,28 @@ def _flat(grads: tf.Tensor) -> np.ndarray:
     return grads.reshape(grads.shape[0], grads.shape[1], -1)
 
 
-def teacher_loss_on_batch(lens: DataLens, step: int,
-                          weights: tf.Tensor | None = None) -> np.ndarray:
-    """Each teacher's discriminator loss on this step's real batch and its fake batch,
-    with the teachers' current weights or ``weights`` (the bank's stacked layout)."""
+def teacher_loss_on_batch(lens: DataLens, step: int) -> np.ndarray:
+    """Each teacher's discriminator loss on this step's real batch and its fake batch."""
+    return teacher_losses_on_batch(lens, step, [tf.constant(lens.bank.weights)])[0]
+
+
+def teacher_losses_on_batch(lens: DataLens, step: int,
+                            weight_sets: list[tf.Tensor]) -> list[np.ndarray]:
+    """:func:`teacher_loss_on_batch` with each of ``weight_sets`` (the bank's stacked
+    layout) in place of the teachers' weights; the batches are rendered once."""
     columns = lens._slot_columns()
     records = lens.partitions[:, columns]
     labels = tf.one_hot(lens.labels[records], lens.shape.num_classes)
     z = lens.latent(step)
     fakes = tf.stack([lens.generate(z, labels[i]) for i in range(len(records))])
-    if weights is None:
-        weights = tf.constant(lens.bank.weights)
-    real = lens.ensemble.logits(weights, tf.constant(lens.images[records]), labels)
-    fake = lens.ensemble.logits(weights, fakes, labels)
-    return (tf.reduce_mean(tf.nn.softplus(-real), axis=1)
-            + tf.reduce_mean(tf.nn.softplus(fake), axis=1)).numpy()
+    real_images = tf.constant(lens.images[records])
+    losses = []
+    for weights in weight_sets:
+        real = lens.ensemble.logits(weights, real_images, labels)
+        fake = lens.ensemble.logits(weights, fakes, labels)
+        losses.append((tf.reduce_mean(tf.nn.softplus(-real), axis=1)
+                       + tf.reduce_mean(tf.nn.softplus(fake), axis=1)).numpy())
+    return losses
 
 
 def authors_state(lens: DataLens, theirs: TheirStep, step: int
