@@ -134,6 +134,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "mismatch_negatives": "train.mismatch_negatives",
                "shared_teacher_init": "train.shared_teacher_init",
                "gf_dim": "train.generator_filters", "gfc_dim": "train.generator_dense",
+               "df_dim": "train.teacher_filters", "dfc_dim": "train.teacher_dense",
                "query_batch": "train.query_batch",
                "training_records": "train.training_records"}
 
@@ -300,6 +301,13 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--gfc_dim", type=int, metavar="GFC",
         help="beyond the paper for other values: the generator's first dense layer's units "
              "(the authors' model's gfc_dim)")
+    add("--df_dim", type=int, metavar="DF",
+        help="beyond the paper for other values: the teachers' filters (their second "
+             "convolution has DF + classes channels; the authors' model's df_dim; "
+             "data-independent, the same sensitivity)")
+    add("--dfc_dim", type=int, metavar="DFC",
+        help="beyond the paper for other values: the teachers' dense layer's units (the "
+             "authors' model's dfc_dim)")
     add("--query_batch", type=int, metavar="Q",
         help="beyond the paper: fake images voted on per round, the first Q of the B it "
              "renders (the teachers keep their batch; the ledger counts Q queries a round) "

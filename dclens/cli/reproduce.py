@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "generator W times as wide as the paper's (64 W filters, 1024 W dense units; 64 W "
         "a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity) "
         "[default: 1, the paper's]")
+    add("--teacher_width", type=float, metavar="W", help="beyond the paper: the teacher "
+        "discriminators W times as wide as the paper's (32 W filters, 256 W dense units; "
+        "32 W a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity; the "
+        "teachers' compute and bank grow with W) [default: 1, the paper's]")
     add("--query_batch", type=int, metavar="Q", help="beyond the paper: Q fake images "
         "voted on per round instead of the whole batch, the teachers keeping theirs (the "
         "same Gaussian vote per query: about batch / Q x the steps at the same epsilon) "
@@ -194,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
             batch_size=args.train_batch_size,
             shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps,
-            generator_width=args.generator_width, query_batch=args.query_batch)
+            generator_width=args.generator_width, teacher_width=args.teacher_width,
+            query_batch=args.query_batch)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

@@ -48,6 +48,16 @@ def default_bank_ram_bytes() -> int:
     return physical_memory_bytes() // 2
 
 
+def teacher_width(config: DataLensConfig) -> networks.DiscriminatorWidth:
+    """The teachers' discriminator width the config asks for (the authors' by default)."""
+    return networks.DiscriminatorWidth(config.train.teacher_filters, config.train.teacher_dense)
+
+
+def teacher_layout(config: DataLensConfig, shape: networks.ImageShape) -> teachers.ParamLayout:
+    """Where each weight of one of the config's teachers sits in its parameter row."""
+    return teachers.ParamLayout.for_shape(shape, teacher_width(config))
+
+
 def bank_location(config: DataLensConfig, directory: str, *,
                   ram_budget: int | None = None) -> str | None:
     """Where a run's teacher bank should live: None (RAM) if its weights and Adam moments
@@ -55,7 +65,7 @@ def bank_location(config: DataLensConfig, directory: str, *,
     ``directory`` (disk-backed, streamed chunk by chunk; the folder is created by the
     bank, which then keeps as many teachers in RAM as the budget allows)."""
     spec = data.dataset_spec(config.train.dataset)
-    layout = teachers.ParamLayout.for_shape(image_shape_of(spec))
+    layout = teacher_layout(config, image_shape_of(spec))
     budget = default_bank_ram_bytes() if ram_budget is None else ram_budget
     return None if teacher_bank.bank_bytes(layout, config.train.num_teachers) <= budget \
         else directory
@@ -81,7 +91,8 @@ def build_ensemble(config: DataLensConfig, shape: networks.ImageShape, ensemble:
     options = {"conv_path": train_cfg.conv_path} if ensemble == "fast" else {}
     return ENSEMBLES[ensemble](shape, learning_rate=train_cfg.learning_rate,
                                beta1=train_cfg.beta1, class_guidance=train_cfg.class_guidance,
-                               class_guidance_form=train_cfg.class_guidance_form, **options)
+                               class_guidance_form=train_cfg.class_guidance_form,
+                               width=teacher_width(config), **options)
 
 
 def build_topagg(config: DataLensConfig, shape: networks.ImageShape) -> topagg.TopAgg:
@@ -90,9 +101,8 @@ def build_topagg(config: DataLensConfig, shape: networks.ImageShape) -> topagg.T
                          allow_no_noise=config.train.non_private, dim=shape.dim)
 
 
-def resident_rows(shape: networks.ImageShape, bank_ram_bytes: int | None) -> int:
+def resident_rows(layout: teachers.ParamLayout, bank_ram_bytes: int | None) -> int:
     """Teachers whose state fits in ``bank_ram_bytes`` (default
     :func:`default_bank_ram_bytes`): the rows of a disk bank kept in RAM."""
-    layout = teachers.ParamLayout.for_shape(shape)
     budget = default_bank_ram_bytes() if bank_ram_bytes is None else bank_ram_bytes
     return budget // teacher_bank.bank_bytes(layout, 1)

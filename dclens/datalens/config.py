@@ -338,6 +338,12 @@ class TrainConfig:
         ``gf_dim`` 64 and ``gfc_dim`` 1024 by default).  Another width is beyond the paper
         (issue 39's lever 4); the generator is a data-independent architecture that reads
         only the released votes, so the vote's sensitivity and the ledger are unchanged.
+      teacher_filters, teacher_dense: the teacher discriminators' width
+        (:class:`dclens.datalens.networks.DiscriminatorWidth`: df and dfc, the authors'
+        ``df_dim`` 32 and ``dfc_dim`` 256 by default).  Another width is beyond the paper
+        (issue 39's lever 4); it is data-independent (each teacher still reads only its
+        own partition, and each vote is still a sign vector clipped to k coordinates), so
+        the vote's sensitivity and the ledger are unchanged.
       query_batch: fake images voted on per TopAgg round (beyond the paper, issue 39's
         lever 3): the round still renders its B images G(z_j, y_j) (so the generator's
         batch statistics are over B, as in the paper), but only the first
@@ -389,6 +395,8 @@ class TrainConfig:
     shared_teacher_init: bool = False
     generator_filters: int = 64
     generator_dense: int = 1024
+    teacher_filters: int = 32
+    teacher_dense: int = 256
     query_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -421,7 +429,8 @@ class TrainConfig:
         _require(isinstance(self.dataset, str) and self.dataset != "",
                  f"dataset must be a non-empty name, got {self.dataset!r}")
         for name in ("num_teachers", "batch_size", "epochs", "d_step", "g_step", "z_dim",
-                     "teacher_chunk", "num_samples", "generator_filters", "generator_dense"):
+                     "teacher_chunk", "num_samples", "generator_filters", "generator_dense",
+                     "teacher_filters", "teacher_dense"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1,
                      f"{name} must be an integer >= 1, got {value!r}")

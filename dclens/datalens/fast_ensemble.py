@@ -140,11 +140,13 @@ class FastTeacherEnsemble:
         fastest path that works on this CPU), ``"grouped"`` or ``"per_teacher"``.
       class_guidance: as the reference's (its image gradients then run on the TF graph
         path even where the fused op trains the teachers: the op has no class term).
+      width: the discriminator's width, as the reference's (the fused op takes any).
     """
 
     def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
                  conv_path: str | ConvPath = "auto", class_guidance: float = 0.0,
-                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY):
+                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY,
+                 width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()):
         self.shape = shape
         self.class_guidance = check_class_guidance(class_guidance)
         self.class_guidance_form = GuidanceForm(class_guidance_form)
@@ -153,7 +155,7 @@ class FastTeacherEnsemble:
         # path run on the per-teacher convolutions.
         self._graph_conv_path = (ConvPath.PER_TEACHER if self.conv_path is ConvPath.FUSED
                                  else self.conv_path)
-        self.layout = ParamLayout.for_shape(shape)
+        self.layout = ParamLayout.for_shape(shape, width)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
         h1, w1 = -(-shape.height // 2), -(-shape.width // 2)
@@ -291,7 +293,7 @@ class FastTeacherEnsemble:
             images, labels = _merged_batch(real, real_labels, fake, fake_labels)
             weights, adam_m, adam_v, losses = teacher_op.train(
                 state.weights, state.adam_m, state.adam_v, images, labels, int(steps[0]),
-                shape=self.shape, num_steps=num_steps, learning_rate=self.learning_rate,
+                shape=self.shape, width=self.layout.width, num_steps=num_steps, learning_rate=self.learning_rate,
                 beta1=self.beta1, beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
             return TeacherState(weights, adam_m, adam_v, tf.constant(steps + num_steps)), losses
         both, labels = self._merge(real, real_labels, fake, fake_labels)
@@ -330,7 +332,7 @@ class FastTeacherEnsemble:
         images, labels = _merged_batch(real, real_labels, fake, fake_labels)
         return teacher_op.train_in_place(
             state.weights, state.adam_m, state.adam_v, images, labels,
-            int(np.asarray(state.steps).flat[0]), shape=self.shape, num_steps=num_steps,
+            int(np.asarray(state.steps).flat[0]), shape=self.shape, width=self.layout.width, num_steps=num_steps,
             learning_rate=self.learning_rate, beta1=self.beta1, beta2=ADAM_BETA2,
             epsilon=ADAM_EPSILON)
 
@@ -361,10 +363,10 @@ class FastTeacherEnsemble:
                 # numpy weights (a bank's rows): no copy into a tensor
                 return tf.convert_to_tensor(teacher_op.image_gradients_numpy(
                     weights, np.asarray(images), np.argmax(np.asarray(labels), axis=-1),
-                    shape=self.shape))
+                    shape=self.shape, width=self.layout.width))
             return teacher_op.image_gradients(
                 weights, images, tf.argmax(labels, axis=-1, output_type=tf.int32),
-                shape=self.shape)
+                shape=self.shape, width=self.layout.width)
         return self._image_gradients(tf.convert_to_tensor(weights),
                                      tf.convert_to_tensor(images, tf.float32),
                                      tf.cast(labels, tf.float32))

@@ -6,7 +6,9 @@ authors): labels are one-hot and concatenated to the input, to every hidden feat
 epsilon 1e-5 and momentum 0.9; weights are initialised from N(0, 0.02) (truncated for
 convolutions), biases at zero; leaky ReLU slope 0.2.
 
-Teacher discriminator (H x W x C image, K classes; df = 32, dfc = 256)::
+Teacher discriminator (H x W x C image, K classes; df = 32, dfc = 256: the authors'
+``df_dim`` and ``dfc_dim``; other widths are an option beyond the paper,
+:class:`DiscriminatorWidth`)::
 
     [x, y-maps]                      H x W x (C+K)
     conv5x5/2 -> C+K ch, lrelu       H/2 x W/2 x (C+K)
@@ -41,12 +43,44 @@ BN_EPSILON = 1e-5
 BN_MOMENTUM = 0.9
 LEAKY_SLOPE = 0.2
 INIT_STDDEV = 0.02
-DISCRIMINATOR_FILTERS = 32   # df_dim
+DISCRIMINATOR_FILTERS = 32   # df_dim (the default of DiscriminatorWidth)
 DISCRIMINATOR_DENSE = 256    # dfc_dim
 GENERATOR_FILTERS = 64       # gf_dim
 GENERATOR_DENSE = 1024       # gfc_dim
 #: The generator's layers with weights, in build order.
 GENERATOR_LAYERS = ("g_h0_lin", "g_h1_lin", "g_h2_deconv", "g_h3_deconv")
+
+
+def check_width(label: str, value: object, default: int) -> int:
+    """``value`` as an int if it is an integer >= 1, else a ValueError naming it and the
+    authors' ``default``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{label} must be an integer >= 1 (the authors': {default}), "
+                         f"got {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscriminatorWidth:
+    """The teacher discriminator's width: ``filters`` (df) and ``dense`` (dfc) units.
+
+    The second convolution has df + K output channels and the hidden dense layer dfc units;
+    the first convolution's C + K channels do not depend on it.  The default is the
+    authors' (df_dim 32, dfc_dim 256); any other is beyond the paper.  The width is
+    data-independent: it changes what each teacher computes, never which records it
+    reads, so the votes' sensitivity and the ledger are the same for every width.
+    """
+
+    filters: int = DISCRIMINATOR_FILTERS
+    dense: int = DISCRIMINATOR_DENSE
+
+    def __post_init__(self) -> None:
+        check_width("teacher filters (df_dim)", self.filters, DISCRIMINATOR_FILTERS)
+        check_width("teacher dense units (dfc_dim)", self.dense, DISCRIMINATOR_DENSE)
+
+    @property
+    def is_paper(self) -> bool:
+        return self == DiscriminatorWidth()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +139,12 @@ def _batch_norm(name: str) -> layers.BatchNormalization:
 
 
 def build_discriminator(shape: ImageShape, *, seed: int | None = None,
+                        width: DiscriminatorWidth = DiscriminatorWidth(),
                         name: str = "teacher_discriminator") -> keras.Model:
     """One teacher discriminator: inputs [image, one-hot label], output the logit [B, 1].
 
-    Every layer's initializer has its own seed (:func:`layer_seeds`)."""
+    ``width`` sets df and dfc (default the authors').  Every layer's initializer has its
+    own seed (:func:`layer_seeds`)."""
     seeds = layer_seeds(seed, ("d_h0_conv", "d_h1_conv", "d_h2_lin", "d_h3_lin"))
 
     def conv_init(name):
@@ -124,13 +160,13 @@ def build_discriminator(shape: ImageShape, *, seed: int | None = None,
                       kernel_initializer=conv_init("d_h0_conv"), name="d_h0_conv")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
     h = ConcatLabelMaps(name="concat_y1")([h, label])
-    h = layers.Conv2D(DISCRIMINATOR_FILTERS + k, 5, strides=2, padding="same",
+    h = layers.Conv2D(width.filters + k, 5, strides=2, padding="same",
                       kernel_initializer=conv_init("d_h1_conv"), name="d_h1_conv")(h)
     h = _batch_norm("d_bn1")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
     h = layers.Flatten()(h)
     h = layers.Concatenate()([h, label])
-    h = layers.Dense(DISCRIMINATOR_DENSE, kernel_initializer=dense_init("d_h2_lin"),
+    h = layers.Dense(width.dense, kernel_initializer=dense_init("d_h2_lin"),
                      name="d_h2_lin")(h)
     h = _batch_norm("d_bn2")(h)
     h = layers.LeakyReLU(LEAKY_SLOPE)(h)
@@ -155,11 +191,8 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     """
     if z_dim < 1:
         raise ValueError(f"z_dim must be >= 1, got {z_dim!r}")
-    for label, width in (("filters", filters), ("dense", dense)):
-        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
-            raise ValueError(f"generator {label} must be an integer >= 1 (the authors': "
-                             f"{GENERATOR_FILTERS} filters, {GENERATOR_DENSE} dense units), "
-                             f"got {width!r}")
+    check_width("generator filters", filters, GENERATOR_FILTERS)
+    check_width("generator dense", dense, GENERATOR_DENSE)
     seeds = layer_seeds(seed, GENERATOR_LAYERS)
 
     def init(name):
@@ -187,8 +220,11 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     return keras.Model([z, label], image, name=name)
 
 
-def discriminator_weight_shapes(shape: ImageShape) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of one teacher's trainable weights, in Keras' weight order.
+def discriminator_weight_shapes(shape: ImageShape,
+                                width: DiscriminatorWidth = DiscriminatorWidth()
+                                ) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of one teacher's trainable weights, in Keras' weight order
+    (``width``: df and dfc, default the authors').
 
     Convolution kernels are [5, 5, C_in, C_out]; dense kernels [in, out]; BN has gamma and
     beta.  The moving statistics of BN are not listed: teachers always normalise with
@@ -196,13 +232,14 @@ def discriminator_weight_shapes(shape: ImageShape) -> list[tuple[str, tuple[int,
     """
     k, c = shape.num_classes, shape.channels
     c0 = c + k
-    c1 = DISCRIMINATOR_FILTERS + k
+    c1 = width.filters + k
+    dense = width.dense
     flat = (shape.height // 4) * (shape.width // 4) * c1 + k
     return [
         ("conv0/kernel", (5, 5, c + k, c0)), ("conv0/bias", (c0,)),
         ("conv1/kernel", (5, 5, c0 + k, c1)), ("conv1/bias", (c1,)),
         ("bn1/gamma", (c1,)), ("bn1/beta", (c1,)),
-        ("dense2/kernel", (flat, DISCRIMINATOR_DENSE)), ("dense2/bias", (DISCRIMINATOR_DENSE,)),
-        ("bn2/gamma", (DISCRIMINATOR_DENSE,)), ("bn2/beta", (DISCRIMINATOR_DENSE,)),
-        ("dense3/kernel", (DISCRIMINATOR_DENSE + k, 1)), ("dense3/bias", (1,)),
+        ("dense2/kernel", (flat, dense)), ("dense2/bias", (dense,)),
+        ("bn2/gamma", (dense,)), ("bn2/beta", (dense,)),
+        ("dense3/kernel", (dense + k, 1)), ("dense3/bias", (1,)),
     ]

@@ -69,7 +69,7 @@ class ShardWorker:
         labels = np.ascontiguousarray(dataset.labels[mine.reshape(-1)])
         local = np.arange(mine.size, dtype=mine.dtype).reshape(mine.shape)
         del dataset, partitions
-        layout = teachers.ParamLayout.for_shape(shape)
+        layout = build.teacher_layout(config, shape)
         budget = (build.default_bank_ram_bytes() if setup.bank_ram_bytes is None
                   else setup.bank_ram_bytes)
         in_ram = teacher_bank.bank_bytes(layout, setup.shard.count) <= budget
@@ -86,7 +86,7 @@ class ShardWorker:
             BankPlacement(setup.bank_seed,
                           directory=None if in_ram else os.path.join(setup.checkpoint_dir,
                                                                      BANK_FOLDER),
-                          resident_rows=build.resident_rows(shape, setup.bank_ram_bytes),
+                          resident_rows=build.resident_rows(layout, setup.bank_ram_bytes),
                           overlap_io=True),
             self.timer)
         self.store = CheckpointStore(setup.checkpoint_dir, keep=2)

@@ -85,15 +85,17 @@ def available() -> bool:
         return False
 
 
-def _network_attrs(shape: networks.ImageShape) -> dict[str, object]:
+def _network_attrs(shape: networks.ImageShape,
+                   width: networks.DiscriminatorWidth) -> dict[str, object]:
     k = shape.num_classes
-    return {"num_classes": k, "conv1_filters": networks.DISCRIMINATOR_FILTERS + k,
-            "dense_units": networks.DISCRIMINATOR_DENSE,
+    return {"num_classes": k, "conv1_filters": width.filters + k,
+            "dense_units": width.dense,
             "leaky_slope": networks.LEAKY_SLOPE, "bn_epsilon": networks.BN_EPSILON}
 
 
 def train(weights: tf.Tensor, adam_m: tf.Tensor, adam_v: tf.Tensor, images: tf.Tensor,
-          labels: tf.Tensor, first_step: int, *, shape: networks.ImageShape, num_steps: int,
+          labels: tf.Tensor, first_step: int, *, shape: networks.ImageShape,
+          width: networks.DiscriminatorWidth = networks.DiscriminatorWidth(), num_steps: int,
           learning_rate: float, beta1: float, beta2: float, epsilon: float
           ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """``num_steps`` Adam steps of T teachers (all at Adam step count ``first_step``).
@@ -102,6 +104,7 @@ def train(weights: tf.Tensor, adam_m: tf.Tensor, adam_v: tf.Tensor, images: tf.T
       weights, adam_m, adam_v: float32 [T, P] (dclens.datalens.teachers.ParamLayout order).
       images: float32 [T, 2B, H, W, C], each teacher's real batch then its fake batch.
       labels: int32 [T, 2B] class indices.
+      width: the discriminator's df and dfc (the layout's ``width``; default the authors').
     Returns:
       (weights, adam_m, adam_v) after the steps, and each teacher's loss [T] of the last
       step before its update: mean softplus(-D(real)) + mean softplus(D(fake)).
@@ -111,11 +114,13 @@ def train(weights: tf.Tensor, adam_m: tf.Tensor, adam_v: tf.Tensor, images: tf.T
         tf.convert_to_tensor(adam_v, tf.float32), tf.convert_to_tensor(images, tf.float32),
         tf.convert_to_tensor(labels, tf.int32), tf.constant(int(first_step), tf.int64),
         num_steps=int(num_steps), learning_rate=float(learning_rate), beta1=float(beta1),
-        beta2=float(beta2), epsilon=float(epsilon), **_network_attrs(shape)))
+        beta2=float(beta2), epsilon=float(epsilon), **_network_attrs(shape, width)))
 
 
 def image_gradients(weights: tf.Tensor, images: tf.Tensor, labels: tf.Tensor, *,
-                    shape: networks.ImageShape) -> tf.Tensor:
+                    shape: networks.ImageShape,
+                    width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()
+                    ) -> tf.Tensor:
     """-dL_G/dx [T, B, H, W, C] of every teacher, L_G = mean softplus(-D(x)).
 
     ``weights`` [T, P]; ``images`` [B, H, W, C] and int32 ``labels`` [B], shared by all
@@ -123,7 +128,7 @@ def image_gradients(weights: tf.Tensor, images: tf.Tensor, labels: tf.Tensor, *,
     """
     return load().dclens_teacher_image_gradients(
         tf.convert_to_tensor(weights, tf.float32), tf.convert_to_tensor(images, tf.float32),
-        tf.convert_to_tensor(labels, tf.int32), **_network_attrs(shape))
+        tf.convert_to_tensor(labels, tf.int32), **_network_attrs(shape, width))
 
 
 # --------------------------------------------------------------------------- numpy, in place
@@ -215,8 +220,10 @@ def _check(status: int, error: ctypes.Array) -> None:
 
 def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
                    images: np.ndarray, labels: np.ndarray, first_step: int, *,
-                   shape: networks.ImageShape, num_steps: int, learning_rate: float,
-                   beta1: float, beta2: float, epsilon: float) -> np.ndarray:
+                   shape: networks.ImageShape,
+                   width: networks.DiscriminatorWidth = networks.DiscriminatorWidth(),
+                   num_steps: int, learning_rate: float, beta1: float, beta2: float,
+                   epsilon: float) -> np.ndarray:
     """:func:`train` on numpy state, updated in place; returns the losses [T].
 
     ``weights``, ``adam_m``, ``adam_v``: writable float32 [T, P] with contiguous rows and
@@ -239,7 +246,7 @@ def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
                          f"{images.shape} and {labels.shape}")
     losses = np.empty(t, np.float32)
     error = ctypes.create_string_buffer(ERROR_BYTES)
-    attrs = _network_attrs(shape)
+    attrs = _network_attrs(shape, width)
     _check(load_capi().dclens_teacher_train_in_place(
         _floats(weights), _floats(adam_m), _floats(adam_v), t, weights.shape[1],
         row_stride(weights), _floats(images), labels.ctypes.data_as(_INT_P), n, *images.shape[2:],
@@ -251,7 +258,9 @@ def train_in_place(weights: np.ndarray, adam_m: np.ndarray, adam_v: np.ndarray,
 
 
 def image_gradients_numpy(weights: np.ndarray, images: np.ndarray, labels: np.ndarray, *,
-                          shape: networks.ImageShape) -> np.ndarray:
+                          shape: networks.ImageShape,
+                          width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()
+                          ) -> np.ndarray:
     """:func:`image_gradients` on numpy inputs (no copy of weights whose rows are
     contiguous, :func:`row_stride`): [T, B, H, W, C]."""
     if row_stride(weights) is None:
@@ -263,7 +272,7 @@ def image_gradients_numpy(weights: np.ndarray, images: np.ndarray, labels: np.nd
                          f"{weights.shape}, {images.shape}, {labels.shape}")
     out = np.empty((weights.shape[0],) + images.shape, np.float32)
     error = ctypes.create_string_buffer(ERROR_BYTES)
-    attrs = _network_attrs(shape)
+    attrs = _network_attrs(shape, width)
     _check(load_capi().dclens_teacher_image_gradients(
         _floats(weights), weights.shape[0], weights.shape[1], row_stride(weights),
         _floats(images), labels.ctypes.data_as(_INT_P), *images.shape, attrs["num_classes"],

@@ -39,15 +39,19 @@ def check_class_guidance(value: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class ParamLayout:
-    """Where each named weight of one teacher sits in its flat parameter vector."""
+    """Where each named weight of one teacher sits in its flat parameter vector, for the
+    discriminator of ``width``."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
+    width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()
 
     @classmethod
-    def for_shape(cls, shape: networks.ImageShape) -> "ParamLayout":
-        entries = networks.discriminator_weight_shapes(shape)
-        return cls(tuple(n for n, _ in entries), tuple(s for _, s in entries))
+    def for_shape(cls, shape: networks.ImageShape,
+                  width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()
+                  ) -> "ParamLayout":
+        entries = networks.discriminator_weight_shapes(shape, width)
+        return cls(tuple(n for n, _ in entries), tuple(s for _, s in entries), width)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -189,13 +193,15 @@ class TeacherEnsemble:
       class_guidance: lambda >= 0, the weight of :func:`class_guidance_loss` in the loss
         whose image gradient each teacher submits (0, the paper's: none; beyond the paper).
       class_guidance_form: which class term (:class:`GuidanceForm`).
+      width: the discriminator's width (default the authors'; beyond the paper otherwise).
     """
 
     def __init__(self, shape: networks.ImageShape, *, learning_rate: float, beta1: float,
                  class_guidance: float = 0.0,
-                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY):
+                 class_guidance_form: GuidanceForm | str = GuidanceForm.CROSS_ENTROPY,
+                 width: networks.DiscriminatorWidth = networks.DiscriminatorWidth()):
         self.shape = shape
-        self.layout = ParamLayout.for_shape(shape)
+        self.layout = ParamLayout.for_shape(shape, width)
         self.learning_rate = float(learning_rate)
         self.beta1 = float(beta1)
         self.class_guidance = check_class_guidance(class_guidance)

@@ -48,7 +48,7 @@ from dclens.datalens import networks, teachers, topagg
 from dclens.datalens.config import DataLensConfig, FakeRendering
 from dclens.datalens.draws import Draws, SeededDraws
 from dclens.datalens.build import (build_ensemble, build_topagg, image_shape_of,
-                                   resident_rows, run_partitions)
+                                   resident_rows, run_partitions, teacher_layout)
 from dclens.datalens.sample import generator_function, sample_generator
 from dclens.common.profiling import PhaseTimer
 from dclens.common.rng import SeedTree, Stream
@@ -188,16 +188,17 @@ class DataLens:
         self.ensemble = build_ensemble(config, self.shape, placement.ensemble)
         self.topagg = build_topagg(config, self.shape)
         if placement.launch_teachers is None:
+            layout = teacher_layout(config, self.shape)
             self.teachers = TeacherGroup(
                 config,
                 GroupMembers(self.images, self.labels, self.partitions, first=0,
                              total=train_cfg.num_teachers),
                 VoteParts(ensemble=self.ensemble, topagg=self.topagg, draws=self.draws,
                           one_hot=self.one_hot,
-                          layout=teachers.ParamLayout.for_shape(self.shape)),
+                          layout=layout),
                 BankPlacement(self.seeds.integer(Stream.TEACHER_INIT),
                               directory=placement.bank_dir,
-                              resident_rows=resident_rows(self.shape, placement.bank_ram_bytes),
+                              resident_rows=resident_rows(layout, placement.bank_ram_bytes),
                               overlap_io=placement.overlap_io,
                               direct_io=placement.bank_direct_io),
                 self.timer)

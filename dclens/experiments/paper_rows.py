@@ -111,6 +111,12 @@ class ReproduceOptions:
         ``generator_dense``); 64 W must be a whole number. The architecture is
         data-independent and the generator reads only the released votes, so the
         accounting is unchanged.
+      teacher_width: beyond the paper (issue 39's lever 4): the teacher discriminators'
+        width as a multiple W of the paper's: df = 32 W filters and dfc = 256 W dense
+        units (:attr:`dclens.datalens.config.TrainConfig.teacher_filters`,
+        ``teacher_dense``); 32 W must be a whole number. Each teacher still reads only its
+        own partition and submits a clipped sign vote, so the sensitivity and the
+        accounting are unchanged; the teachers' compute and bank grow with it.
       query_batch: beyond the paper (issue 39's lever 3): the fake images voted on per
         round (:attr:`dclens.datalens.config.TrainConfig.query_batch`) while the teachers
         keep their batch: each query is the same Gaussian vote, so the same budget buys
@@ -155,6 +161,7 @@ class ReproduceOptions:
     shared_teacher_init: bool = False
     teacher_steps: int | None = None
     generator_width: float | None = None
+    teacher_width: float | None = None
     query_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -231,15 +238,10 @@ class ReproduceOptions:
             if self.non_private:
                 raise ReproduceError("sigma_factor scales the noise of a private run; a "
                                      "non_private run has none: give one of them")
-        if self.generator_width is not None:
-            width = self.generator_width
-            if (isinstance(width, bool) or not isinstance(width, (int, float))
-                    or not math.isfinite(width) or width <= 0
-                    or (networks.GENERATOR_FILTERS * width) % 1):
-                raise ReproduceError(
-                    f"generator_width must be a number > 0 that makes "
-                    f"{networks.GENERATOR_FILTERS} x width a whole number of filters (e.g. "
-                    f"0.5 or 2; 1 is the paper's), got {width!r}")
+        _check_width_multiple("generator_width", self.generator_width,
+                              networks.GENERATOR_FILTERS)
+        _check_width_multiple("teacher_width", self.teacher_width,
+                              networks.DISCRIMINATOR_FILTERS)
         if self.class_guidance_form is not None and self.class_guidance_form not in {
                 f.value for f in cfg.GuidanceForm}:
             raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
@@ -353,6 +355,8 @@ class ReproduceOptions:
             name += f"-ds{self.teacher_steps}"
         if self.generator_width is not None and self.generator_width != 1:
             name += f"-gw{self.generator_width:g}"
+        if self.teacher_width is not None and self.teacher_width != 1:
+            name += f"-tw{self.teacher_width:g}"
         if self.query_batch is not None:
             name += f"-qb{self.query_batch}"
         if self.records is not splits.TrainingRecords.ALL:
@@ -478,6 +482,26 @@ def _analysis_deviations(options: ReproduceOptions, paper: cfg.DataLensConfig,
     return deviations
 
 
+def _check_width_multiple(name: str, width: float | None, filters: int) -> None:
+    """A ReproduceError unless ``width`` is None or a number > 0 that makes ``filters`` x
+    width a whole number of filters."""
+    if width is None:
+        return
+    if (isinstance(width, bool) or not isinstance(width, (int, float))
+            or not math.isfinite(width) or width <= 0 or (filters * width) % 1):
+        raise ReproduceError(
+            f"{name} must be a number > 0 that makes {filters} x width a whole number of "
+            f"filters (e.g. 0.5 or 2; 1 is the paper's), got {width!r}")
+
+
+def teacher_size(width: float) -> tuple[int, int]:
+    """(filters, dense units) of teachers ``width`` times as wide as the paper's
+    (df = 32 width, dfc = 256 width; 32 width a whole number, checked by
+    :class:`ReproduceOptions`)."""
+    return (round(networks.DISCRIMINATOR_FILTERS * width),
+            round(networks.DISCRIMINATOR_DENSE * width))
+
+
 def generator_size(width: float) -> tuple[int, int]:
     """(filters, dense units) of a generator ``width`` times as wide as the paper's
     (gf = 64 width, gfc = 1024 width; 64 width a whole number, checked by
@@ -537,6 +561,14 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
                           f"wide ({filters} filters and {dense} dense units instead of "
                           f"{networks.GENERATOR_FILTERS} and {networks.GENERATOR_DENSE}; "
                           f"data-independent, the same sensitivity)")
+    if options.teacher_width is not None and options.teacher_width != 1:
+        filters, dense = teacher_size(options.teacher_width)
+        train["teacher_filters"], train["teacher_dense"] = filters, dense
+        deviations.append(f"beyond the paper: teachers {options.teacher_width:g} x as wide "
+                          f"({filters} filters and {dense} dense units instead of "
+                          f"{networks.DISCRIMINATOR_FILTERS} and "
+                          f"{networks.DISCRIMINATOR_DENSE}; data-independent, the same "
+                          f"sensitivity)")
     if options.query_batch is not None:
         train["query_batch"] = options.query_batch
         deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "

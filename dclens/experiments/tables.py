@@ -128,6 +128,10 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
              generator_width=2.0),
         _row("5 queries per round (a third of the batch; the teachers keep their 15: 3x the "
              "steps at equal epsilon)", {}, query_batch=5),
+        _row("teachers half as wide (16 filters, 128 dense units; data-independent)", {},
+             teacher_width=0.5),
+        _row("teachers twice as wide (64 filters, 512 dense units; 2x the teachers' "
+             "compute)", {}, teacher_width=2.0),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
