@@ -293,8 +293,9 @@ class FastTeacherEnsemble:
             images, labels = _merged_batch(real, real_labels, fake, fake_labels)
             weights, adam_m, adam_v, losses = teacher_op.train(
                 state.weights, state.adam_m, state.adam_v, images, labels, int(steps[0]),
-                shape=self.shape, width=self.layout.width, num_steps=num_steps, learning_rate=self.learning_rate,
-                beta1=self.beta1, beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
+                shape=self.shape, width=self.layout.width, num_steps=num_steps,
+                learning_rate=self.learning_rate, beta1=self.beta1, beta2=ADAM_BETA2,
+                epsilon=ADAM_EPSILON)
             return TeacherState(weights, adam_m, adam_v, tf.constant(steps + num_steps)), losses
         both, labels = self._merge(real, real_labels, fake, fake_labels)
         if same_count:
@@ -332,9 +333,9 @@ class FastTeacherEnsemble:
         images, labels = _merged_batch(real, real_labels, fake, fake_labels)
         return teacher_op.train_in_place(
             state.weights, state.adam_m, state.adam_v, images, labels,
-            int(np.asarray(state.steps).flat[0]), shape=self.shape, width=self.layout.width, num_steps=num_steps,
-            learning_rate=self.learning_rate, beta1=self.beta1, beta2=ADAM_BETA2,
-            epsilon=ADAM_EPSILON)
+            int(np.asarray(state.steps).flat[0]), shape=self.shape, width=self.layout.width,
+            num_steps=num_steps, learning_rate=self.learning_rate, beta1=self.beta1,
+            beta2=ADAM_BETA2, epsilon=ADAM_EPSILON)
 
     # ----------------------------------------------------------------- queries
     def _image_gradients_impl(self, weights: tf.Tensor, images: tf.Tensor,
