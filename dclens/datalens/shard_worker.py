@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from dclens.common.profiling import PhaseTimer  # noqa: E402
-from dclens.datalens import build, teachers  # noqa: E402
+from dclens.datalens import build  # noqa: E402
 from dclens.datalens.config import DataLensConfig  # noqa: E402
 from dclens.datalens.draws import KeyedSignDraws  # noqa: E402
 from dclens.datalens.shards import Shard  # noqa: E402

@@ -494,20 +494,19 @@ def _check_width_multiple(name: str, width: float | None, filters: int) -> None:
             f"filters (e.g. 0.5 or 2; 1 is the paper's), got {width!r}")
 
 
-def teacher_size(width: float) -> tuple[int, int]:
-    """(filters, dense units) of teachers ``width`` times as wide as the paper's
-    (df = 32 width, dfc = 256 width; 32 width a whole number, checked by
-    :class:`ReproduceOptions`)."""
-    return (round(networks.DISCRIMINATOR_FILTERS * width),
-            round(networks.DISCRIMINATOR_DENSE * width))
+#: The networks a width lever scales: (words, TrainConfig field prefix, the paper's
+#: filters, the paper's dense units).
+_WIDTHS = {"generator": ("a generator", "generator", networks.GENERATOR_FILTERS,
+                         networks.GENERATOR_DENSE),
+           "teacher": ("teachers", "teacher", networks.DISCRIMINATOR_FILTERS,
+                       networks.DISCRIMINATOR_DENSE)}
 
 
-def generator_size(width: float) -> tuple[int, int]:
-    """(filters, dense units) of a generator ``width`` times as wide as the paper's
-    (gf = 64 width, gfc = 1024 width; 64 width a whole number, checked by
+def scaled_size(width: float, filters: int, dense: int) -> tuple[int, int]:
+    """(filters, dense units) of a network ``width`` times as wide as one of ``filters``
+    and ``dense`` (``filters`` x width a whole number, checked by
     :class:`ReproduceOptions`)."""
-    return (round(networks.GENERATOR_FILTERS * width),
-            round(networks.GENERATOR_DENSE * width))
+    return round(filters * width), round(dense * width)
 
 
 def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
@@ -554,21 +553,15 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: {options.teacher_steps} Adam steps per teacher "
                           f"per generator step instead of {paper.train.d_step} (each on its "
                           f"own partition; the same sensitivity)")
-    if options.generator_width is not None and options.generator_width != 1:
-        filters, dense = generator_size(options.generator_width)
-        train["generator_filters"], train["generator_dense"] = filters, dense
-        deviations.append(f"beyond the paper: a generator {options.generator_width:g} x as "
-                          f"wide ({filters} filters and {dense} dense units instead of "
-                          f"{networks.GENERATOR_FILTERS} and {networks.GENERATOR_DENSE}; "
-                          f"data-independent, the same sensitivity)")
-    if options.teacher_width is not None and options.teacher_width != 1:
-        filters, dense = teacher_size(options.teacher_width)
-        train["teacher_filters"], train["teacher_dense"] = filters, dense
-        deviations.append(f"beyond the paper: teachers {options.teacher_width:g} x as wide "
-                          f"({filters} filters and {dense} dense units instead of "
-                          f"{networks.DISCRIMINATOR_FILTERS} and "
-                          f"{networks.DISCRIMINATOR_DENSE}; data-independent, the same "
-                          f"sensitivity)")
+    for width, (who, prefix, filters_0, dense_0) in (
+            (options.generator_width, _WIDTHS["generator"]),
+            (options.teacher_width, _WIDTHS["teacher"])):
+        if width is not None and width != 1:
+            filters, dense = scaled_size(width, filters_0, dense_0)
+            train[f"{prefix}_filters"], train[f"{prefix}_dense"] = filters, dense
+            deviations.append(f"beyond the paper: {who} {width:g} x as wide ({filters} "
+                              f"filters and {dense} dense units instead of {filters_0} and "
+                              f"{dense_0}; data-independent, the same sensitivity)")
     if options.query_batch is not None:
         train["query_batch"] = options.query_batch
         deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "
