@@ -155,6 +155,61 @@ def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
     assert resumed["accuracy"] == straight["accuracy"]
 
 
+def test_the_own_samples_curve_shows_samples_learned_that_do_not_transfer(tmp_path):
+    """``train_accuracy`` is the averaged weights' accuracy on the first rows the classifier
+    trains on (recomputed here from the saved state); with real records whose classes
+    look like the samples' *next* class, the classifier learns its samples (above
+    chance) and scores below chance on the real records."""
+    synthetic = band_images(300, 5)
+    shifted = [band_images(100, seed) for seed in (6, 7)]
+    validation, test = (dataclasses.replace(s, labels=(s.labels - 1) % 10) for s in shifted)
+    protocol = dataclasses.replace(TINY, generated_samples=300, train_samples=280, epochs=3)
+    state = tmp_path / "state.npz"
+    entry = dpimagebench.train_classifier("resnet", synthetic, validation, test, protocol,
+                                          seed=0, state_path=state)
+    curves = entry["curves"]
+    assert len(curves["train_accuracy"]) == 3
+    # Ten classes: chance is 0.1; a classifier that maps each band to its class scores
+    # 0 on the shifted records.
+    assert max(curves["train_accuracy"]) > 0.3 > 0.1 > max(curves["test_accuracy"]
+                                                            + curves["val_accuracy"])
+    # Recompute the last value: the saved weights' average, inference mode, own rows.
+    saved = np.load(state)
+    arrays = [saved[f"w{i}"] for i in range(json.loads(str(saved["meta"]))["variables"])]
+    init_seed = int(dpimagebench.classifier_seeds("resnet", 0)[0])
+    model = dpimagebench.build_classifier("resnet", protocol, (28, 28, 1), 10, seed=init_seed)
+    for variable, value in zip(model.variables, arrays):
+        variable.assign(value)
+    averages = arrays[len(model.variables):len(model.variables)
+                      + len(model.trainable_variables)]
+    for variable, average in zip(model.trainable_variables, averages):
+        variable.assign(average)
+    rows = dpimagebench.classifier_training_rows(300, protocol)
+    assert len(rows) < dpimagebench.OWN_SAMPLES_MEASURED          # all of them measured
+    logits = model(dpimagebench.scaled(synthetic.images[rows]), training=False).numpy()
+    assert curves["train_accuracy"][-1] == pytest.approx(
+        float(np.mean(logits.argmax(axis=1) == synthetic.labels[rows])), abs=1e-12)
+
+
+def test_a_state_saved_before_the_own_samples_curve_resumes(tmp_path):
+    synthetic, validation, test = band_images(260, 2), band_images(60, 3), band_images(60, 4)
+    straight = dpimagebench.train_classifier("resnet", synthetic, validation, test, TINY,
+                                             seed=5)
+    state = tmp_path / "state.npz"
+    _run_epochs(synthetic, validation, test, state, stop_after=1)
+    with np.load(state) as saved:                           # as an older dclens wrote it
+        arrays = dict(saved)
+    meta = json.loads(str(arrays["meta"]))
+    del meta["curves"]["train_accuracy"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(state, **arrays)
+    resumed = dpimagebench.train_classifier("resnet", synthetic, validation, test, TINY,
+                                            seed=5, state_path=state)
+    assert resumed["curves"]["train_accuracy"][0] is None
+    assert resumed["curves"]["train_accuracy"][1] == straight["curves"]["train_accuracy"][1]
+    assert resumed["accuracy"] == straight["accuracy"]
+
+
 def _run_epochs(synthetic, validation, test, state, stop_after):
     """Runs the protocol until ``stop_after`` epochs are saved, then abandons it."""
     class Killed(Exception):
@@ -235,6 +290,30 @@ def test_the_cli_builds_the_protocol_from_the_runs_records():
     with pytest.raises(ValueError, match="need --protocol dpimagebench"):
         cli.settings_from_args(parser.parse_args(["x", "--dpimagebench_depth", "20"]),
                                "fashion_mnist")
+
+
+def test_the_cli_sets_another_rate_or_fewer_epochs_and_says_it_is_not_theirs():
+    from dclens.cli import evaluate as cli
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["x", "--protocol", "dpimagebench", "--dpimagebench_depth", "20",
+                              "--dpimagebench_learning_rate", "0.001",
+                              "--dpimagebench_epochs", "2"])
+    protocol = cli.settings_from_args(args, "fashion_mnist", "private").dpimagebench
+    assert (protocol.resnet_depth, protocol.learning_rate, protocol.epochs) == (20, 0.001, 2)
+    assert not protocol.follows_dpimagebench
+    assert dpimagebench.classifier_name(protocol, "resnet") == "resnet20-lr0.001"
+    assert dpimagebench.classifier_name(dataclasses.replace(protocol, learning_rate=0.01),
+                                        "resnet") == "resnet20"
+    for flag, value, message in (("--dpimagebench_learning_rate", "-1",
+                                  "learning_rate must be > 0, got -1.0"),
+                                 ("--dpimagebench_epochs", "0",
+                                  "epochs must be an integer >= 1, got 0")):
+        bad = parser.parse_args(["x", "--protocol", "dpimagebench", flag, value])
+        with pytest.raises(EvaluationError, match=message):
+            cli.settings_from_args(bad, "fashion_mnist", "private")
+        with pytest.raises(ValueError, match=f"{flag}.*need --protocol dpimagebench"):
+            cli.settings_from_args(parser.parse_args(["x", flag, value]), "fashion_mnist")
 
 
 def test_evaluate_runs_it_on_the_last_records_and_refuses_a_run_that_read_them(tmp_path):

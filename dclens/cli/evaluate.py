@@ -33,6 +33,12 @@ from dclens.evaluation.dpimagebench import CLASSIFIERS as DPIMAGEBENCH_CLASSIFIE
 from dclens.runs.output_checks import RunDirError, check_output_dir
 
 
+#: The flags that only mean something with --protocol dpimagebench.
+DPIMAGEBENCH_FLAGS = ("dpimagebench_depth", "dpimagebench_classifiers",
+                      "dpimagebench_learning_rate", "dpimagebench_epochs",
+                      "generator_records")
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser, *, dpimagebench: bool = False
                        ) -> None:
     """The classifier/protocol flags shared with scripts/reproduce.py (``dpimagebench``:
@@ -79,6 +85,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser, *, dpimagebench: bool = 
             "train, some of resnet, wrn (WRN-40-4), resnext (ResNeXt-29 8x64d); the "
             "reported accuracy is their mean. DPImageBench's own number is the mean of all "
             "three, GPU-days' work; a 2-core CPU manages a ResNet-20 [default: resnet]")
+        add("--dpimagebench_learning_rate", type=float, default=None, metavar="LR",
+            help="with --protocol dpimagebench: Adam's initial rate (theirs 0.01; another "
+            "is NOT DPImageBench's protocol, and the record and state file say so: "
+            "resnet20-lr0.001) [default: 0.01]")
+        add("--dpimagebench_epochs", type=int, default=None, metavar="N",
+            help="with --protocol dpimagebench: train N epochs instead of their 50 (a "
+            "quick look; NOT DPImageBench's protocol) [default: 50]")
         add("--generator_records", choices=("all", "private", "tuning"),
             help="with --protocol dpimagebench: the records the run that wrote the samples "
             "trained on (default: its config.json's training_records); only private runs "
@@ -128,14 +141,15 @@ def settings_from_args(args: argparse.Namespace, dataset: str,
                              f"ResNet's depth, but --dpimagebench_classifiers "
                              f"{' '.join(chosen)} trains no ResNet: add resnet or drop "
                              "the depth")
+        given = {field: getattr(args, flag) for flag, field in (
+            ("dpimagebench_depth", "resnet_depth"),
+            ("dpimagebench_learning_rate", "learning_rate"),
+            ("dpimagebench_epochs", "epochs")) if getattr(args, flag) is not None}
         changes["dpimagebench"] = dpimagebench.DPImageBenchProtocol(
-            generator_records=records, classifiers=chosen,
-            **({} if args.dpimagebench_depth is None
-               else {"resnet_depth": args.dpimagebench_depth}))
-    elif any(getattr(args, name, None) is not None for name in
-             ("dpimagebench_depth", "generator_records", "dpimagebench_classifiers")):
-        raise ValueError("--dpimagebench_depth, --dpimagebench_classifiers and "
-                         "--generator_records need --protocol dpimagebench")
+            generator_records=records, classifiers=chosen, **given)
+    elif any(getattr(args, name, None) is not None for name in DPIMAGEBENCH_FLAGS):
+        raise ValueError(f"{', '.join('--' + n for n in DPIMAGEBENCH_FLAGS)} need "
+                         "--protocol dpimagebench")
     return settings.replace(**changes)
 
 

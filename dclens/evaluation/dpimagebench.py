@@ -66,6 +66,9 @@ ARCHITECTURE_FIELDS = {"resnet": ("resnet_depth",),
                        "wrn": ("wrn_depth", "wrn_widen", "wrn_dropout"),
                        "resnext": ("resnext_depth", "resnext_cardinality", "resnext_widen")}
 ADAM_EPSILON = 1e-8        # torch's default
+#: How many of its own training samples each classifier is also measured on after every
+#: epoch (the ``train_accuracy`` curve: did it learn its samples, beside do they transfer).
+OWN_SAMPLES_MEASURED = 5_000
 
 
 def validation_range(total: int) -> range:
@@ -189,19 +192,22 @@ class DPImageBenchProtocol:
 def classifier_name(protocol: DPImageBenchProtocol, classifier: str) -> str:
     """The classifier with its whole architecture, as records and state files name it
     (a setting other than DPImageBench's that the usual name does not carry is added:
-    ``-drop0.1``, ``-widen2``)."""
+    ``-drop0.1``, ``-widen2``; so is a learning rate other than theirs, ``-lr0.001``, so
+    a run at another rate keeps its own state file beside theirs)."""
     theirs = DPImageBenchProtocol()
     if classifier == "resnet":
-        return f"resnet{protocol.resnet_depth}"
-    if classifier == "wrn":
+        name = f"resnet{protocol.resnet_depth}"
+    elif classifier == "wrn":
         name = f"wrn{protocol.wrn_depth}-{protocol.wrn_widen}"
         if protocol.wrn_dropout != theirs.wrn_dropout:
             name += f"-drop{protocol.wrn_dropout:g}"
-        return name
-    name = (f"resnext{protocol.resnext_depth}-{protocol.resnext_cardinality}x"
-            f"{networks.RESNEXT_GROUP_WIDTH}d")
-    if protocol.resnext_widen != theirs.resnext_widen:
-        name += f"-widen{protocol.resnext_widen}"
+    else:
+        name = (f"resnext{protocol.resnext_depth}-{protocol.resnext_cardinality}x"
+                f"{networks.RESNEXT_GROUP_WIDTH}d")
+        if protocol.resnext_widen != theirs.resnext_widen:
+            name += f"-widen{protocol.resnext_widen}"
+    if protocol.learning_rate != theirs.learning_rate:
+        name += f"-lr{protocol.learning_rate:g}"
     return name
 
 
@@ -333,13 +339,20 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
                      log: Callable[[str], None] | None = None) -> dict:
     """One classifier of the protocol: its curves and its selected accuracy.
 
-    ``state_path``: an npz saved after every epoch and resumed from (the same trajectory).
+    After every epoch the averaged weights are measured on the validation records, the
+    test set and (``train_accuracy``, a diagnostic DPImageBench's log has too) the first
+    :data:`OWN_SAMPLES_MEASURED` of the samples the classifier trains on: a classifier
+    that learned its samples but scores chance on real records shows that they do not
+    transfer.  Measuring reads no rng and changes no weight, so the trajectory is the
+    protocol's.  ``state_path``: an npz saved after every epoch and resumed from (the
+    same trajectory).
     """
     check_images(synthetic.spec)
     rows = classifier_training_rows(len(synthetic), protocol)
     images, labels = scaled(synthetic.images[rows]), synthetic.labels[rows].astype(np.int64)
     monitored = [(scaled(validation.images), validation.labels),
-                 (scaled(test.images), test.labels)]
+                 (scaled(test.images), test.labels),
+                 (images[:OWN_SAMPLES_MEASURED], labels[:OWN_SAMPLES_MEASURED])]
     init_seed, shuffle_seed = (int(s) for s in classifier_seeds(classifier, seed))
     model = build_classifier(classifier, protocol, synthetic.spec.image_shape,
                              synthetic.spec.num_classes, seed=init_seed)
@@ -348,8 +361,8 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
     name = classifier_name(protocol, classifier)
     if log is not None:
         flop = networks.forward_gflop(model)
-        work = flop * protocol.epochs * (3 * len(images) + len(monitored[0][0])
-                                         + len(monitored[1][0])) / 1e3
+        work = flop * protocol.epochs * (3 * len(images) + sum(
+            len(measured) for measured, _ in monitored)) / 1e3
         log(f"dpimagebench {name}: {flop * 1e3:.0f} MFLOP per image forward, about "
             f"{work:,.0f} TFLOP for {protocol.epochs} epochs (training counted as 3 "
             "forward passes): at 50 GFLOP/s, a 2-core CPU's, about "
@@ -361,25 +374,29 @@ def train_classifier(classifier: str, synthetic: data.LabeledImages,
         "validation": epoch_state.samples_fingerprint(validation.images, validation.labels),
         "test": epoch_state.samples_fingerprint(test.images, test.labels)},
         "a DPImageBench-protocol run")
-    curves = {"epoch": [], "val_accuracy": [], "test_accuracy": [], "loss": [], "seconds": []}
+    curves = {"epoch": [], "val_accuracy": [], "test_accuracy": [], "train_accuracy": [],
+              "loss": [], "seconds": []}
     meta = state.resume(trainer.state, rng)
     if meta is not None:
         curves = meta["curves"]
+        # A state saved before the train_accuracy curve existed: those epochs unmeasured.
+        curves.setdefault("train_accuracy", [None] * len(curves["epoch"]))
         if log is not None:
             log(f"dpimagebench {name}: resumed after epoch {meta['epoch']}")
     for epoch in range(len(curves["epoch"]), protocol.epochs):
         started = time.perf_counter()
         loss = trainer.train_epoch(images, labels, epoch, rng)
-        val_accuracy, test_accuracy = trainer.averaged_accuracy(monitored)
+        val_accuracy, test_accuracy, train_accuracy = trainer.averaged_accuracy(monitored)
         for key, value in (("epoch", epoch + 1), ("val_accuracy", val_accuracy),
-                           ("test_accuracy", test_accuracy), ("loss", loss),
+                           ("test_accuracy", test_accuracy),
+                           ("train_accuracy", train_accuracy), ("loss", loss),
                            ("seconds", time.perf_counter() - started)):
             curves[key].append(value)
         state.save(epoch + 1, rng, curves, [v.numpy() for v in trainer.state])
         if log is not None:
             log(f"dpimagebench {name} epoch {epoch + 1}/{protocol.epochs}: val "
-                f"{val_accuracy:.4f} test {test_accuracy:.4f} loss {loss:.4f} "
-                f"({curves['seconds'][-1]:.0f} s)")
+                f"{val_accuracy:.4f} test {test_accuracy:.4f} own samples "
+                f"{train_accuracy:.4f} loss {loss:.4f} ({curves['seconds'][-1]:.0f} s)")
     chosen = select_latest_best(curves["val_accuracy"])
     return {"classifier": name, "accuracy": curves["test_accuracy"][chosen],
             "epoch": chosen + 1, "val_accuracy": curves["val_accuracy"][chosen],
