@@ -13,7 +13,8 @@ docs/evaluation.md) scores a synthesizer of 28x28 images with ``eval.mode=val``:
 4. After every epoch the averaged weights are measured on the validation records and the
    real test set; a classifier's accuracy is its test accuracy at the epoch of best
    validation accuracy (ties: the later epoch).  The reported number is the mean over the
-   classifiers.
+   classifiers.  (dclens also measures each classifier on some of its own training
+   samples, a diagnostic that selects nothing: ``train_accuracy``.)
 
 Here, with dclens' data-independent splits (:mod:`dclens.data.splits`), the validation
 records are the **last** :data:`VALIDATION_RECORDS` of the training split (records
