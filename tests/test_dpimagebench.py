@@ -174,8 +174,8 @@ def test_the_own_samples_curve_shows_samples_learned_that_do_not_transfer(tmp_pa
     assert max(curves["train_accuracy"]) > 0.3 > 0.1 > max(curves["test_accuracy"]
                                                             + curves["val_accuracy"])
     # Recompute the last value: the saved weights' average, inference mode, own rows.
-    saved = np.load(state)
-    arrays = [saved[f"w{i}"] for i in range(json.loads(str(saved["meta"]))["variables"])]
+    with np.load(state) as saved:
+        arrays = [saved[f"w{i}"] for i in range(json.loads(str(saved["meta"]))["variables"])]
     init_seed = int(dpimagebench.classifier_seeds("resnet", 0)[0])
     model = dpimagebench.build_classifier("resnet", protocol, (28, 28, 1), 10, seed=init_seed)
     for variable, value in zip(model.variables, arrays):
@@ -307,6 +307,10 @@ def test_the_cli_sets_another_rate_or_fewer_epochs_and_says_it_is_not_theirs():
                                         "resnet") == "resnet20"
     for flag, value, message in (("--dpimagebench_learning_rate", "-1",
                                   "learning_rate must be > 0, got -1.0"),
+                                 ("--dpimagebench_learning_rate", "nan",
+                                  "learning_rate must be > 0, got nan"),
+                                 ("--dpimagebench_learning_rate", "inf",
+                                  "learning_rate must be > 0, got inf"),
                                  ("--dpimagebench_epochs", "0",
                                   "epochs must be an integer >= 1, got 0")):
         bad = parser.parse_args(["x", "--protocol", "dpimagebench", flag, value])
