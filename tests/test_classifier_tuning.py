@@ -8,6 +8,8 @@ are on the tuning holdout; an interrupted call resumes from its records."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +94,50 @@ def test_runs_not_trained_on_the_tuning_split_are_refused_by_name(tmp_path, data
         classifier_tuning.screening_run(run)
     with pytest.raises(TuningError, match="no samples.npz"):
         classifier_tuning.screening_run(str(tmp_path / "absent"))
+
+
+def _extra_set(run: str, name: str = "samples-2"):
+    """An extra sample set inside ``run`` (as ``main.py`` without --train writes one)."""
+    folder = Path(run) / name
+    folder.mkdir()
+    shutil.copy(Path(run) / "samples.npz", folder / "samples.npz")
+    return folder
+
+
+def test_an_extra_sample_set_belongs_to_its_run(tmp_path, data_dir):
+    """<run>/samples-<n> (a re-sampling of a finished run's generator) has no config.json
+    of its own: it is read with its run's, so a screening run's set is scored on the
+    tuning holdout and a private run's set stays refused for tuning."""
+    from dclens.cli import evaluate as evaluate_cli
+    from dclens.evaluation.synthetic_input import run_config_path, run_dir_config
+
+    screen = _run(tmp_path / "screen", data_dir)
+    extra = _extra_set(screen)
+    assert run_config_path(extra / "samples.npz") == str(Path(screen) / "config.json")
+    assert run_dir_config(extra)["train"]["training_records"] == "tuning"
+    assert classifier_tuning.screening_run(str(extra)) == str(extra)
+    assert classifier_tuning.run_label(str(extra)) == "screen-samples-2"
+    assert classifier_tuning.run_label(screen) == "screen"
+    private = _run(tmp_path / "private", data_dir, records="private")
+    private_extra = _extra_set(private, "samples-3")
+    with pytest.raises(TuningError, match="training_records 'private', not 'tuning'"):
+        classifier_tuning.screening_run(str(private_extra))
+    assert evaluate_cli._saved_run_config(str(private_extra / "samples.npz"))["train"][
+        "training_records"] == "private"
+    # Not an extra set: the run's own samples (n = 1), a name that is not a number, or a
+    # samples-2 folder whose parent is not a run.
+    for name in ("samples-1", "samples-two", "samples-"):
+        assert run_dir_config(_extra_set(screen, name)) is None
+    orphan = tmp_path / "loose" / "samples-2"
+    orphan.mkdir(parents=True)
+    assert run_dir_config(orphan) is None
+    with pytest.raises(TuningError, match="training_records None, not 'tuning'"):
+        classifier_tuning.screening_run(str(_extra_set(_run(tmp_path / "x", data_dir),
+                                                       "samples-1")))
+    # A set with a config.json of its own is read with that one.
+    export.write_json(extra / "config.json", {"config": {"train": {
+        "dataset": "fashion_mnist", "training_records": "all"}}})
+    assert run_dir_config(extra)["train"]["training_records"] == "all"
 
 
 def test_candidates_are_scored_on_the_tuning_holdout_and_resume_from_their_records(

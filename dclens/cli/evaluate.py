@@ -156,8 +156,7 @@ def settings_from_args(args: argparse.Namespace, dataset: str,
 def _saved_run_config(path: str) -> dict | None:
     """:func:`evaluate.run_dir_config`, with a damaged config.json beside the input
     refused by name (it used to end in a bare JSON or type error)."""
-    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    candidate = os.path.join(folder, "config.json")
+    candidate = evaluate.run_config_path(path)
     try:
         saved = evaluate.run_dir_config(path)
     except (OSError, ValueError) as error:

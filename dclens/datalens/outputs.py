@@ -22,7 +22,7 @@ from dclens.datalens.build import image_shape_of
 from dclens.datalens.config import DataLensConfig, SaveVotes
 from dclens.datalens.sample import generator_function, sample_generator
 from dclens.privacy import accounting
-from dclens.runs.rundir import RunDirError, RunPaths, flatten
+from dclens.runs.rundir import RunDirError, RunPaths, flatten, sample_set_folder
 
 __all__ = ["VoteWriter", "new_sample_set", "sample_run", "write_sample_outputs"]
 
@@ -123,9 +123,9 @@ def new_sample_set(output_dir: str) -> str:
     if not os.path.exists(RunPaths(output_dir).samples):
         return output_dir
     number = 2
-    while os.path.exists(os.path.join(output_dir, f"samples-{number}")):
+    while os.path.exists(sample_set_folder(output_dir, number)):
         number += 1
-    return os.path.join(output_dir, f"samples-{number}")
+    return sample_set_folder(output_dir, number)
 
 
 def sample_run(output_dir: str, *, num_samples: int | None = None, seed: int | None = None,

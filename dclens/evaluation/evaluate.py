@@ -47,7 +47,8 @@ from dclens.data import splits
 from dclens.common import export
 from dclens.evaluation import quality as quality_scores
 from dclens.evaluation.synthetic_input import (EvaluationError, base_dataset, load_synthetic,
-                                               run_dir_config, train_split_name)
+                                               run_config_path, run_dir_config,
+                                               train_split_name)
 
 PROTOCOLS = {
     "val": ("real-test accuracy at the epoch with the best accuracy on a held-out part of "

@@ -19,6 +19,7 @@ import zipfile
 import numpy as np
 
 from dclens import data
+from dclens.runs import rundir
 
 SAMPLES_FILE = "samples.npz"
 _NPZ_KEYS = (("x", "y"), ("images", "labels"), ("x_train", "y_train"), ("X", "Y"))
@@ -215,12 +216,25 @@ def load_synthetic(path: str | os.PathLike, dataset: str) -> tuple[data.LabeledI
     return read_authors_rows(authors_prefix_files(where), spec), kind
 
 
-def run_dir_config(path: str | os.PathLike) -> dict | None:
-    """The ``config.json`` of the dclens run that ``path`` (or its folder) belongs to; its
-    data settings are under ``["train"]`` whichever method wrote it."""
+def run_config_path(path: str | os.PathLike) -> str:
+    """Where the ``config.json`` of the run that ``path`` (or its folder) belongs to is, or
+    would be: beside the samples, or, for an extra sample set of a finished run
+    (``<run>/samples-<n>``, written by sampling the run again), the run's own."""
     path = os.fspath(path)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     candidate = os.path.join(folder, "config.json")
+    if not os.path.exists(candidate):
+        run_dir = rundir.run_of_sample_set(folder)
+        if run_dir is not None:
+            return rundir.RunPaths(run_dir).config
+    return candidate
+
+
+def run_dir_config(path: str | os.PathLike) -> dict | None:
+    """The ``config.json`` of the dclens run that ``path`` (or its folder) belongs to
+    (:func:`run_config_path`; None if there is none); its data settings are under
+    ``["train"]`` whichever method wrote it."""
+    candidate = run_config_path(path)
     if not os.path.exists(candidate):
         return None
     with open(candidate) as stream:

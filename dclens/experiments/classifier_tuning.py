@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 from dclens.common import export, reporting
 from dclens.evaluation import classifiers, evaluate
 from dclens.evaluation.synthetic_input import EvaluationError, run_dir_config
+from dclens.runs import rundir
 
 #: What the chosen candidate maximises: the honest protocol.
 CRITERION = "val"
@@ -90,6 +91,16 @@ def screening_run(run_dir: str) -> str:
     return run_dir
 
 
+def run_label(run_dir: str) -> str:
+    """A screening run's name in records and tables: its folder's name, or, for an extra
+    sample set of a run (``<run>/samples-<n>``), ``<run>-samples-<n>``."""
+    folder = os.path.normpath(run_dir)
+    parent = rundir.run_of_sample_set(folder)
+    if parent is None:
+        return os.path.basename(folder)
+    return f"{os.path.basename(parent)}-{os.path.basename(folder)}"
+
+
 def evaluate_candidates(run_dirs: Sequence[str], candidates: Sequence[Candidate], *,
                         out_dir: str, settings: evaluate.EvalSettings | None = None,
                         log: Callable[[str], None] = print) -> list[dict]:
@@ -109,7 +120,7 @@ def evaluate_candidates(run_dirs: Sequence[str], candidates: Sequence[Candidate]
     if len(set(names)) != len(names):
         raise TuningError(f"candidate names repeat: {names!r}")
     runs = [screening_run(run) for run in run_dirs]
-    labels = [os.path.basename(os.path.normpath(run)) for run in runs]
+    labels = [run_label(run) for run in runs]
     if len(set(labels)) != len(labels):
         raise TuningError(f"two runs share a folder name: {labels!r}")
     base = (settings or evaluate.EvalSettings(quality=False)).for_screening()

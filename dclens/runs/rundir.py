@@ -43,6 +43,32 @@ BANK_FOLDER = "bank"
 SHARDS_FOLDER = "shards"
 
 
+#: The folders a re-sampling of a finished run writes into (``<run>/samples-2``, ...):
+#: sets of the same released generator, so they belong to that run's settings.
+SAMPLE_SET_PREFIX = "samples-"
+
+
+def sample_set_folder(run_dir: str, number: int) -> str:
+    """The ``number``-th extra sample set of ``run_dir`` (``number`` >= 2; the run's own
+    samples are the first)."""
+    if number < 2:
+        raise ValueError(f"extra sample sets are numbered from 2, got {number!r}")
+    return os.path.join(run_dir, f"{SAMPLE_SET_PREFIX}{number}")
+
+
+def run_of_sample_set(folder: str) -> str | None:
+    """The run directory ``folder`` is an extra sample set of (its parent, when ``folder``
+    is named ``samples-<n>`` with n >= 2 and the parent holds a ``config.json``), else
+    None."""
+    folder = os.path.abspath(folder)
+    name = os.path.basename(folder)
+    number = name[len(SAMPLE_SET_PREFIX):]
+    if not (name.startswith(SAMPLE_SET_PREFIX) and number.isdigit() and int(number) >= 2):
+        return None
+    parent = os.path.dirname(folder)
+    return parent if os.path.isfile(RunPaths(parent).config) else None
+
+
 def shard_folder(checkpoint_dir: str, index: int) -> str:
     """Shard ``index``'s checkpoint folder inside a run's ``checkpoint_dir``."""
     return os.path.join(checkpoint_dir, SHARDS_FOLDER, f"shard-{index:03d}")
