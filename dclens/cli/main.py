@@ -134,6 +134,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "mismatch_negatives": "train.mismatch_negatives",
                "shared_teacher_init": "train.shared_teacher_init",
                "gf_dim": "train.generator_filters", "gfc_dim": "train.generator_dense",
+               "generator_upsampling": "train.generator_upsampling",
                "df_dim": "train.teacher_filters", "dfc_dim": "train.teacher_dense",
                "query_batch": "train.query_batch",
                "training_records": "train.training_records"}
@@ -301,6 +302,10 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
     add("--gfc_dim", type=int, metavar="GFC",
         help="beyond the paper for other values: the generator's first dense layer's units "
              "(the authors' model's gfc_dim)")
+    add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
+        help="beyond the paper for 'resize': how the generator doubles its feature maps: "
+             "the authors' stride-2 transposed convolutions, or a nearest-neighbour resize "
+             "then a convolution (no checkerboard; data-independent, the same sensitivity)")
     add("--df_dim", type=int, metavar="DF",
         help="beyond the paper for other values: the teachers' filters (their second "
              "convolution has DF + classes channels; the authors' model's df_dim; "

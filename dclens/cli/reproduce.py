@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         "generator W times as wide as the paper's (64 W filters, 1024 W dense units; 64 W "
         "a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity) "
         "[default: 1, the paper's]")
+    add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
+        help="beyond the paper for 'resize': the generator doubles its feature maps by a "
+        "nearest-neighbour resize then a convolution instead of the paper's transposed "
+        "convolutions (no checkerboard; data-independent, the same sensitivity) "
+        "[default: transpose, the paper's]")
     add("--teacher_width", type=float, metavar="W", help="beyond the paper: the teacher "
         "discriminators W times as wide as the paper's (32 W filters, 256 W dense units; "
         "32 W a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity; the "
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             mismatch_negatives=args.mismatch_negatives, sigma_factor=args.sigma_factor,
             batch_size=args.train_batch_size,
             shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps,
-            generator_width=args.generator_width, teacher_width=args.teacher_width,
+            generator_width=args.generator_width,
+            generator_upsampling=args.generator_upsampling, teacher_width=args.teacher_width,
             query_batch=args.query_batch)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),

@@ -30,6 +30,14 @@ class GuidanceForm(str, enum.Enum):
     MARGIN = "margin"                 # its own logit minus its mean over the K labels
 
 
+class GeneratorUpsampling(str, enum.Enum):
+    """How the student generator doubles its feature maps
+    (:func:`dclens.datalens.networks.upsampling_layers`)."""
+
+    TRANSPOSE = "transpose"   # the authors': stride-2 5x5 transposed convolutions
+    RESIZE = "resize"         # nearest-neighbour 2x resize, then a 5x5 convolution
+
+
 class ConfigError(ValueError):
     """A hyper-parameter has a value the run cannot use."""
 
@@ -338,6 +346,11 @@ class TrainConfig:
         ``gf_dim`` 64 and ``gfc_dim`` 1024 by default).  Another width is beyond the paper
         (issue 39's lever 4); the generator is a data-independent architecture that reads
         only the released votes, so the vote's sensitivity and the ledger are unchanged.
+      generator_upsampling: how the generator doubles its feature maps
+        (:class:`GeneratorUpsampling`): ``transpose``, the authors' stride-2 transposed
+        convolutions (the default), or ``resize``, a nearest-neighbour resize then a
+        convolution, which prints no checkerboard (beyond the paper, issue 39's lever 4).
+        Data-independent like the width: the sensitivity and the ledger are unchanged.
       teacher_filters, teacher_dense: the teacher discriminators' width
         (:class:`dclens.datalens.networks.DiscriminatorWidth`: df and dfc, the authors'
         ``df_dim`` 32 and ``dfc_dim`` 256 by default).  Another width is beyond the paper
@@ -395,6 +408,7 @@ class TrainConfig:
     shared_teacher_init: bool = False
     generator_filters: int = 64
     generator_dense: int = 1024
+    generator_upsampling: GeneratorUpsampling = GeneratorUpsampling.TRANSPOSE
     teacher_filters: int = 32
     teacher_dense: int = 256
     query_batch: int | None = None
@@ -403,6 +417,10 @@ class TrainConfig:
         _require(isinstance(self.class_guidance_form, GuidanceForm),
                  f"class_guidance_form must be one of {[f.value for f in GuidanceForm]}, "
                  f"got {self.class_guidance_form!r}")
+        _require(isinstance(self.generator_upsampling, GeneratorUpsampling),
+                 f"generator_upsampling must be one of "
+                 f"{[u.value for u in GeneratorUpsampling]}, got "
+                 f"{self.generator_upsampling!r}")
         _require(isinstance(self.training_records, TrainingRecords),
                  f"training_records must be one of {[r.value for r in TrainingRecords]}, "
                  f"got {self.training_records!r}")
@@ -533,7 +551,8 @@ class DataLensConfig:
             train=build(TrainConfig, data.get("train", {}),
                         {"conv_path": ConvPath, "fake_rendering": FakeRendering,
                          "save_votes": SaveVotes, "training_records": TrainingRecords,
-                         "class_guidance_form": GuidanceForm}),
+                         "class_guidance_form": GuidanceForm,
+                         "generator_upsampling": GeneratorUpsampling}),
             topagg=build(TopAggConfig, data.get("topagg", {}),
                          {"method": Aggregation, "sketch_accounting": SketchAccounting}),
             budget=build(BudgetConfig, data.get("budget", {}), {"conversion": Conversion}),

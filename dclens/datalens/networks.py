@@ -26,6 +26,14 @@ an option beyond the paper, :func:`build_generator`'s ``filters`` and ``dense``)
     deconv5x5/2 -> 2gf ch, BN, relu, [., y-maps]
     deconv5x5/2 -> C ch, sigmoid      H x W x C in [0, 1]
 
+Beyond the paper (issue 39, ``upsampling="resize"``): each stride-2 transposed
+convolution becomes a nearest-neighbour 2x upsampling followed by a stride-1 5x5
+convolution of the same channels (a resize-convolution).  A stride-2 transposed 5x5
+convolution gives even and odd output positions 3 and 2 kernel taps, an uneven overlap
+that prints a checkerboard on the images (Odena, Dumoulin and Olah, "Deconvolution and
+Checkerboard Artifacts", Distill 2016); after a nearest-neighbour resize every output
+position sees the same 25 taps.  It costs about 4x the multiply-adds of those two layers.
+
 The teacher ensemble (:mod:`dclens.datalens.teachers`) evaluates the same discriminator for many
 teachers at once from stacked weights; :func:`discriminator_weight_shapes` is the contract
 between the two (names and shapes in Keras' weight order).
@@ -47,8 +55,13 @@ DISCRIMINATOR_FILTERS = 32   # df_dim (the default of DiscriminatorWidth)
 DISCRIMINATOR_DENSE = 256    # dfc_dim
 GENERATOR_FILTERS = 64       # gf_dim
 GENERATOR_DENSE = 1024       # gfc_dim
-#: The generator's layers with weights, in build order.
+#: The generator's layers with weights, in build order (the authors' transposed
+#: convolutions; :func:`generator_layers` names them for either upsampling).
 GENERATOR_LAYERS = ("g_h0_lin", "g_h1_lin", "g_h2_deconv", "g_h3_deconv")
+#: How the generator doubles its feature maps' height and width: the authors' stride-2
+#: transposed convolutions, or a nearest-neighbour resize then a convolution (beyond the
+#: paper; :func:`build_generator`).
+UPSAMPLINGS = ("transpose", "resize")
 
 
 def check_width(label: str, value: object, default: int) -> int:
@@ -176,14 +189,50 @@ def build_discriminator(shape: ImageShape, *, seed: int | None = None,
     return keras.Model([image, label], logit, name=name)
 
 
+def check_upsampling(upsampling: object) -> str:
+    """``upsampling`` if it is one of :data:`UPSAMPLINGS`, else a ValueError naming it."""
+    if upsampling not in UPSAMPLINGS:
+        raise ValueError(f"generator upsampling must be one of {list(UPSAMPLINGS)} "
+                         f"('transpose': the authors' transposed convolutions), got "
+                         f"{upsampling!r}")
+    return str(upsampling)
+
+
+def generator_layers(upsampling: str = "transpose") -> tuple[str, ...]:
+    """The generator's layers with weights, in build order: the two dense layers, then the
+    two upsampling layers (``g_h2_deconv``, ``g_h3_deconv`` for the authors' transposed
+    convolutions; ``g_h2_conv``, ``g_h3_conv`` for resize-convolutions)."""
+    suffix = "deconv" if check_upsampling(upsampling) == "transpose" else "conv"
+    return ("g_h0_lin", "g_h1_lin", f"g_h2_{suffix}", f"g_h3_{suffix}")
+
+
+def upsampling_layers(upsampling: str, channels: int, initializer, name: str
+                      ) -> list[layers.Layer]:
+    """The layers that double a feature map's height and width into ``channels``.
+
+    ``transpose`` (the authors'): one stride-2 5x5 transposed convolution.  ``resize``:
+    a nearest-neighbour 2x upsampling, then a stride-1 5x5 convolution ("same" padding),
+    so every output position sees the same 25 kernel taps (no checkerboard).
+    """
+    if check_upsampling(upsampling) == "transpose":
+        return [layers.Conv2DTranspose(channels, 5, strides=2, padding="same",
+                                       kernel_initializer=initializer, name=name)]
+    return [layers.UpSampling2D(2, interpolation="nearest", name=f"{name}_resize"),
+            layers.Conv2D(channels, 5, strides=1, padding="same",
+                          kernel_initializer=initializer, name=name)]
+
+
 def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
                     filters: int = GENERATOR_FILTERS, dense: int = GENERATOR_DENSE,
+                    upsampling: str = "transpose",
                     name: str = "generator") -> keras.Model:
     """The student generator: inputs [z, one-hot label], output images in [0, 1].
 
     ``filters`` (gf) and ``dense`` (gfc) set its width: the first dense layer has gfc units,
-    the second 2 gf (H/4)(W/4), the first transposed convolution 2 gf channels.  The
-    defaults are the authors' (64 and 1024).
+    the second 2 gf (H/4)(W/4), the first upsampling layer 2 gf channels.  The
+    defaults are the authors' (64 and 1024).  ``upsampling`` (:data:`UPSAMPLINGS`): the
+    authors' stride-2 transposed convolutions (the default) or resize-convolutions
+    (:func:`upsampling_layers`; beyond the paper, data-independent).
 
     Every layer's initializer has its own seed (:func:`layer_seeds`); before 2026-11 one
     seeded initializer was shared by the two dense and by the two transposed-convolution
@@ -193,7 +242,8 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
         raise ValueError(f"z_dim must be >= 1, got {z_dim!r}")
     check_width("generator filters", filters, GENERATOR_FILTERS)
     check_width("generator dense", dense, GENERATOR_DENSE)
-    seeds = layer_seeds(seed, GENERATOR_LAYERS)
+    names = generator_layers(upsampling)
+    seeds = layer_seeds(seed, names)
 
     def init(name):
         return keras.initializers.RandomNormal(stddev=INIT_STDDEV, seed=seeds[name])
@@ -210,12 +260,12 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     h = layers.ReLU()(_batch_norm("g_bn1")(h))
     h = layers.Reshape((h4, w4, 2 * filters))(h)
     h = ConcatLabelMaps(name="concat_y1")([h, label])
-    h = layers.Conv2DTranspose(2 * filters, 5, strides=2, padding="same",
-                               kernel_initializer=init("g_h2_deconv"), name="g_h2_deconv")(h)
+    for layer in upsampling_layers(upsampling, 2 * filters, init(names[2]), names[2]):
+        h = layer(h)
     h = layers.ReLU()(_batch_norm("g_bn2")(h))
     h = ConcatLabelMaps(name="concat_y2")([h, label])
-    h = layers.Conv2DTranspose(shape.channels, 5, strides=2, padding="same",
-                               kernel_initializer=init("g_h3_deconv"), name="g_h3_deconv")(h)
+    for layer in upsampling_layers(upsampling, shape.channels, init(names[3]), names[3]):
+        h = layer(h)
     image = layers.Activation("sigmoid", name="image")(h)
     return keras.Model([z, label], image, name=name)
 

@@ -211,7 +211,8 @@ class DataLens:
             self.teachers = placement.launch_teachers(self)
         self.generator = networks.build_generator(
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT),
-            filters=train_cfg.generator_filters, dense=train_cfg.generator_dense)
+            filters=train_cfg.generator_filters, dense=train_cfg.generator_dense,
+            upsampling=train_cfg.generator_upsampling.value)
         self.student_optimizer = keras.optimizers.Adam(
             train_cfg.learning_rate, beta_1=train_cfg.beta1, epsilon=teachers.ADAM_EPSILON)
         self.ledger = accounting.PrivacyLedger(

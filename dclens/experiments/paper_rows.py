@@ -111,6 +111,12 @@ class ReproduceOptions:
         ``generator_dense``); 64 W must be a whole number. The architecture is
         data-independent and the generator reads only the released votes, so the
         accounting is unchanged.
+      generator_upsampling: beyond the paper (issue 39's lever 4): ``"resize"`` doubles
+        the generator's feature maps by a nearest-neighbour resize then a convolution
+        instead of the authors' transposed convolutions
+        (:attr:`dclens.datalens.config.TrainConfig.generator_upsampling`), so its samples
+        carry no checkerboard.  Data-independent, so the accounting is unchanged.
+        ``None`` or ``"transpose"``: the paper's.
       teacher_width: beyond the paper (issue 39's lever 4): the teacher discriminators'
         width as a multiple W of the paper's: df = 32 W filters and dfc = 256 W dense
         units (:attr:`dclens.datalens.config.TrainConfig.teacher_filters`,
@@ -161,6 +167,7 @@ class ReproduceOptions:
     shared_teacher_init: bool = False
     teacher_steps: int | None = None
     generator_width: float | None = None
+    generator_upsampling: str | None = None
     teacher_width: float | None = None
     query_batch: int | None = None
 
@@ -242,6 +249,11 @@ class ReproduceOptions:
                               networks.GENERATOR_FILTERS)
         _check_width_multiple("teacher_width", self.teacher_width,
                               networks.DISCRIMINATOR_FILTERS)
+        if self.generator_upsampling is not None and self.generator_upsampling not in {
+                u.value for u in cfg.GeneratorUpsampling}:
+            raise ReproduceError(f"unknown generator_upsampling {self.generator_upsampling!r}; "
+                                 f"use one of {[u.value for u in cfg.GeneratorUpsampling]} "
+                                 f"('transpose': the paper's)")
         if self.class_guidance_form is not None and self.class_guidance_form not in {
                 f.value for f in cfg.GuidanceForm}:
             raise ReproduceError(f"unknown class_guidance_form {self.class_guidance_form!r}; "
@@ -355,6 +367,8 @@ class ReproduceOptions:
             name += f"-ds{self.teacher_steps}"
         if self.generator_width is not None and self.generator_width != 1:
             name += f"-gw{self.generator_width:g}"
+        if self.generator_upsampling == cfg.GeneratorUpsampling.RESIZE.value:
+            name += "-resize"
         if self.teacher_width is not None and self.teacher_width != 1:
             name += f"-tw{self.teacher_width:g}"
         if self.query_batch is not None:
@@ -562,6 +576,12 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
             deviations.append(f"beyond the paper: {who} {width:g} x as wide ({filters} "
                               f"filters and {dense} dense units instead of {filters_0} and "
                               f"{dense_0}; data-independent, the same sensitivity)")
+    if options.generator_upsampling == cfg.GeneratorUpsampling.RESIZE.value:
+        train["generator_upsampling"] = cfg.GeneratorUpsampling.RESIZE
+        deviations.append("beyond the paper: a generator with resize-convolutions (a "
+                          "nearest-neighbour 2x resize, then a 5x5 convolution) instead of "
+                          "transposed convolutions: no checkerboard; data-independent, the "
+                          "same sensitivity")
     if options.query_batch is not None:
         train["query_batch"] = options.query_batch
         deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "

@@ -135,6 +135,9 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("2000 teachers (half the paper's: partitions twice as large, half the vote "
              "sum at the same noise)", {}, teachers=2000),
         _row("3000 teachers (3/4 of the paper's: larger partitions)", {}, teachers=3000),
+        _row("generator with resize-convolutions (nearest-neighbour resize + convolution "
+             "instead of transposed convolutions: no checkerboard; data-independent)", {},
+             generator_upsampling="resize"),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
