@@ -301,6 +301,13 @@ def test_domain_is_fid_real_versus_noise_and_cache(real, cache_dir):
             < shifted_both["per_class"]["intra_fid"])
     assert real_record["fid"] * 10 < noise_record["fid"]
     assert "domain-classifier" in real_record["note"]
+    assert real_record["checkerboard_share"] == quality.checkerboard_share(
+        train.images[:1000])
+    assert real_record["reference_checkerboard_share"] == quality.checkerboard_share(
+        test.images)
+    # real clothes are smooth; independent uniform noise spreads its power evenly, so 3 of
+    # its 28 x 28 - 1 frequencies carry about 3 / 783 of it
+    assert real_record["checkerboard_share"] < 0.002 < noise_record["checkerboard_share"]
 
     cached = quality.domain_classifier("fashion_mnist", settings=DOMAIN, cache_dir=cache_dir,
                                        log=messages.append)

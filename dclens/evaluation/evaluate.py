@@ -334,7 +334,9 @@ def score_quality(synthetic: data.LabeledImages, test: data.LabeledImages, *, sa
     log(f"domain-classifier IS {record['inception_score']:.3f} ({where} "
         f"{record['reference_inception_score']:.3f}), FID to {where} "
         f"{record['fid']:.3f}, label agreement {record['label_agreement']:.4f} ({where} "
-        f"{record['reference_label_agreement']:.4f})")
+        f"{record['reference_label_agreement']:.4f}), checkerboard share "
+        f"{record['checkerboard_share']:.4f} ({where} "
+        f"{record['reference_checkerboard_share']:.4f})")
     return record
 
 

@@ -348,13 +348,40 @@ def label_confusion(probabilities: np.ndarray, labels: np.ndarray) -> dict:
                                  / max(1, len(predicted))).tolist()}
 
 
+def checkerboard_share(images: np.ndarray) -> float:
+    """The mean share of an image's spectral power at the grid's highest frequencies.
+
+    For each image x (H x W x C, H and W even) with its mean removed, power P(u, v) =
+    |DFT(x)(u, v)|^2 summed over channels; the share is (P(H/2, W/2) + P(H/2, 0) +
+    P(0, W/2)) / sum P: the power in patterns that alternate every pixel (a checkerboard,
+    and stripes one pixel wide), which stride-2 transposed convolutions print (their
+    output pixels see alternately more and fewer kernel taps).  Real Fashion-MNIST
+    images have about 0.001; an image that is one such pattern has 1.  A constant image
+    (no power) counts 0.  Returns the mean over the images.
+    """
+    x = np.asarray(images, np.float64)
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4 or x.shape[1] % 2 or x.shape[2] % 2 or len(x) == 0:
+        raise ValueError(f"images must be [N, H, W(, C)] with N >= 1 and H, W even, got "
+                         f"shape {np.shape(images)}")
+    x = x - x.mean(axis=(1, 2), keepdims=True)
+    power = (np.abs(np.fft.fft2(x, axes=(1, 2))) ** 2).sum(axis=3)
+    h, w = x.shape[1] // 2, x.shape[2] // 2
+    highest = power[:, h, w] + power[:, h, 0] + power[:, 0, w]
+    total = power.sum(axis=(1, 2))
+    return float(np.mean(np.divide(highest, total, out=np.zeros_like(total),
+                                   where=total > 0)))
+
+
 def quality_record(classifier: DomainClassifier, images: np.ndarray,
                    reference_images: np.ndarray, *, splits: int = 10,
                    labels: np.ndarray | None = None,
                    reference_labels: np.ndarray | None = None) -> dict:
     """IS of ``images``, IS of ``reference_images`` and FID between the two sets; with
     ``labels`` (and ``reference_labels``) also their :func:`label_agreement`, and with
-    both the per-class scores of :func:`class_conditional_scores` (``per_class``)."""
+    both the per-class scores of :func:`class_conditional_scores` (``per_class``), and
+    both sets' :func:`checkerboard_share`."""
     probabilities = classifier.probabilities(images)
     score, spread = inception_score(probabilities, splits=min(splits, len(images)))
     reference_probabilities = classifier.probabilities(reference_images)
@@ -375,7 +402,9 @@ def quality_record(classifier: DomainClassifier, images: np.ndarray,
             features, labels, reference_features, reference_labels,
             num_classes=probabilities.shape[1])
     return {**agreement, "inception_score": score, "inception_score_std": spread,
-            "fid": fid, "reference_inception_score": reference_score,
+            "fid": fid, "checkerboard_share": checkerboard_share(images),
+            "reference_checkerboard_share": checkerboard_share(reference_images),
+            "reference_inception_score": reference_score,
             "reference_inception_score_std": reference_spread,
             "samples": int(len(images)), "reference_samples": int(len(reference_images)),
             "splits": splits, "classifier_key": classifier.info.get("key"),
