@@ -36,6 +36,7 @@ class GeneratorUpsampling(str, enum.Enum):
 
     TRANSPOSE = "transpose"   # the authors': stride-2 5x5 transposed convolutions
     RESIZE = "resize"         # nearest-neighbour 2x resize, then a 5x5 convolution
+    TRANSPOSE4 = "transpose4"  # stride-2 4x4 transposed convolutions (an even overlap)
 
 
 class ConfigError(ValueError):
@@ -348,8 +349,9 @@ class TrainConfig:
         only the released votes, so the vote's sensitivity and the ledger are unchanged.
       generator_upsampling: how the generator doubles its feature maps
         (:class:`GeneratorUpsampling`): ``transpose``, the authors' stride-2 transposed
-        convolutions (the default), or ``resize``, a nearest-neighbour resize then a
-        convolution, which prints no checkerboard (beyond the paper, issue 39's lever 4).
+        convolutions (the default); ``resize``, a nearest-neighbour resize then a
+        convolution, which prints no checkerboard; or ``transpose4``, 4x4 transposed
+        convolutions, whose overlap is even (both beyond the paper, issue 39's lever 4).
         Data-independent like the width: the sensitivity and the ledger are unchanged.
       teacher_filters, teacher_dense: the teacher discriminators' width
         (:class:`dclens.datalens.networks.DiscriminatorWidth`: df and dfc, the authors'

@@ -33,6 +33,9 @@ convolution gives even and odd output positions 3 and 2 kernel taps, an uneven o
 that prints a checkerboard on the images (Odena, Dumoulin and Olah, "Deconvolution and
 Checkerboard Artifacts", Distill 2016); after a nearest-neighbour resize every output
 position sees the same 25 taps.  It costs about 4x the multiply-adds of those two layers.
+``upsampling="transpose4"`` keeps learned transposed convolutions but with a 4x4 kernel,
+a multiple of the stride: every output position sees 2 x 2 taps (an even overlap, no
+resize's smoothing), which separates the checkerboard from the low-pass of a resize.
 
 The teacher ensemble (:mod:`dclens.datalens.teachers`) evaluates the same discriminator for many
 teachers at once from stacked weights; :func:`discriminator_weight_shapes` is the contract
@@ -59,9 +62,9 @@ GENERATOR_DENSE = 1024       # gfc_dim
 #: convolutions; :func:`generator_layers` names them for either upsampling).
 GENERATOR_LAYERS = ("g_h0_lin", "g_h1_lin", "g_h2_deconv", "g_h3_deconv")
 #: How the generator doubles its feature maps' height and width: the authors' stride-2
-#: transposed convolutions, or a nearest-neighbour resize then a convolution (beyond the
-#: paper; :func:`build_generator`).
-UPSAMPLINGS = ("transpose", "resize")
+#: 5x5 transposed convolutions, a nearest-neighbour resize then a convolution, or stride-2
+#: 4x4 transposed convolutions (the last two beyond the paper; :func:`upsampling_layers`).
+UPSAMPLINGS = ("transpose", "resize", "transpose4")
 
 
 def check_width(label: str, value: object, default: int) -> int:
@@ -200,9 +203,9 @@ def check_upsampling(upsampling: object) -> str:
 
 def generator_layers(upsampling: str = "transpose") -> tuple[str, ...]:
     """The generator's layers with weights, in build order: the two dense layers, then the
-    two upsampling layers (``g_h2_deconv``, ``g_h3_deconv`` for the authors' transposed
-    convolutions; ``g_h2_conv``, ``g_h3_conv`` for resize-convolutions)."""
-    suffix = "deconv" if check_upsampling(upsampling) == "transpose" else "conv"
+    two upsampling layers (``g_h2_deconv``, ``g_h3_deconv`` for transposed convolutions;
+    ``g_h2_conv``, ``g_h3_conv`` for resize-convolutions)."""
+    suffix = "conv" if check_upsampling(upsampling) == "resize" else "deconv"
     return ("g_h0_lin", "g_h1_lin", f"g_h2_{suffix}", f"g_h3_{suffix}")
 
 
@@ -210,13 +213,17 @@ def upsampling_layers(upsampling: str, channels: int, initializer, name: str
                       ) -> list[layers.Layer]:
     """The layers that double a feature map's height and width into ``channels``.
 
-    ``transpose`` (the authors'): one stride-2 5x5 transposed convolution.  ``resize``:
-    a nearest-neighbour 2x upsampling, then a stride-1 5x5 convolution ("same" padding),
-    so every output position sees the same 25 kernel taps (no checkerboard).
+    ``transpose`` (the authors'): one stride-2 5x5 transposed convolution (output
+    positions see 3 x 3, 3 x 2 or 2 x 2 taps by their parity).  ``resize``: a
+    nearest-neighbour 2x upsampling, then a stride-1 5x5 convolution ("same" padding), so
+    every output position sees the same 25 kernel taps.  ``transpose4``: one stride-2 4x4
+    transposed convolution, every output position 2 x 2 taps.
     """
-    if check_upsampling(upsampling) == "transpose":
-        return [layers.Conv2DTranspose(channels, 5, strides=2, padding="same",
-                                       kernel_initializer=initializer, name=name)]
+    kind = check_upsampling(upsampling)
+    if kind in ("transpose", "transpose4"):
+        return [layers.Conv2DTranspose(channels, 5 if kind == "transpose" else 4, strides=2,
+                                       padding="same", kernel_initializer=initializer,
+                                       name=name)]
     return [layers.UpSampling2D(2, interpolation="nearest", name=f"{name}_resize"),
             layers.Conv2D(channels, 5, strides=1, padding="same",
                           kernel_initializer=initializer, name=name)]
@@ -231,8 +238,9 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     ``filters`` (gf) and ``dense`` (gfc) set its width: the first dense layer has gfc units,
     the second 2 gf (H/4)(W/4), the first upsampling layer 2 gf channels.  The
     defaults are the authors' (64 and 1024).  ``upsampling`` (:data:`UPSAMPLINGS`): the
-    authors' stride-2 transposed convolutions (the default) or resize-convolutions
-    (:func:`upsampling_layers`; beyond the paper, data-independent).
+    authors' stride-2 5x5 transposed convolutions (the default), resize-convolutions or
+    4x4 transposed convolutions (:func:`upsampling_layers`; beyond the paper,
+    data-independent).
 
     Every layer's initializer has its own seed (:func:`layer_seeds`); before 2026-11 one
     seeded initializer was shared by the two dense and by the two transposed-convolution

@@ -113,10 +113,11 @@ class ReproduceOptions:
         accounting is unchanged.
       generator_upsampling: beyond the paper (issue 39's lever 4): ``"resize"`` doubles
         the generator's feature maps by a nearest-neighbour resize then a convolution
-        instead of the authors' transposed convolutions
-        (:attr:`dclens.datalens.config.TrainConfig.generator_upsampling`), so its samples
-        carry no checkerboard.  Data-independent, so the accounting is unchanged.
-        ``None`` or ``"transpose"``: the paper's.
+        instead of the authors' transposed convolutions, so its samples carry no
+        checkerboard; ``"transpose4"`` by 4x4 transposed convolutions (an even overlap)
+        (:attr:`dclens.datalens.config.TrainConfig.generator_upsampling`).
+        Data-independent, so the accounting is unchanged.  ``None`` or ``"transpose"``:
+        the paper's.
       teacher_width: beyond the paper (issue 39's lever 4): the teacher discriminators'
         width as a multiple W of the paper's: df = 32 W filters and dfc = 256 W dense
         units (:attr:`dclens.datalens.config.TrainConfig.teacher_filters`,
@@ -367,8 +368,8 @@ class ReproduceOptions:
             name += f"-ds{self.teacher_steps}"
         if self.generator_width is not None and self.generator_width != 1:
             name += f"-gw{self.generator_width:g}"
-        if self.generator_upsampling == cfg.GeneratorUpsampling.RESIZE.value:
-            name += "-resize"
+        if self.generator_upsampling not in (None, cfg.GeneratorUpsampling.TRANSPOSE.value):
+            name += f"-{self.generator_upsampling}"
         if self.teacher_width is not None and self.teacher_width != 1:
             name += f"-tw{self.teacher_width:g}"
         if self.query_batch is not None:
@@ -516,6 +517,16 @@ _WIDTHS = {"generator": ("a generator", "generator", networks.GENERATOR_FILTERS,
                        networks.DISCRIMINATOR_DENSE)}
 
 
+#: The generator upsamplings beyond the paper, in words.
+_UPSAMPLING_WORDS = {
+    cfg.GeneratorUpsampling.RESIZE: "a generator with resize-convolutions (a "
+                                    "nearest-neighbour 2x resize, then a 5x5 convolution: "
+                                    "no checkerboard)",
+    cfg.GeneratorUpsampling.TRANSPOSE4: "a generator with stride-2 4x4 transposed "
+                                        "convolutions (an even overlap)",
+}
+
+
 def scaled_size(width: float, filters: int, dense: int) -> tuple[int, int]:
     """(filters, dense units) of a network ``width`` times as wide as one of ``filters``
     and ``dense`` (``filters`` x width a whole number, checked by
@@ -576,12 +587,12 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
             deviations.append(f"beyond the paper: {who} {width:g} x as wide ({filters} "
                               f"filters and {dense} dense units instead of {filters_0} and "
                               f"{dense_0}; data-independent, the same sensitivity)")
-    if options.generator_upsampling == cfg.GeneratorUpsampling.RESIZE.value:
-        train["generator_upsampling"] = cfg.GeneratorUpsampling.RESIZE
-        deviations.append("beyond the paper: a generator with resize-convolutions (a "
-                          "nearest-neighbour 2x resize, then a 5x5 convolution) instead of "
-                          "transposed convolutions: no checkerboard; data-independent, the "
-                          "same sensitivity")
+    if options.generator_upsampling not in (None, cfg.GeneratorUpsampling.TRANSPOSE.value):
+        upsampling = cfg.GeneratorUpsampling(options.generator_upsampling)
+        train["generator_upsampling"] = upsampling
+        deviations.append(f"beyond the paper: {_UPSAMPLING_WORDS[upsampling]} instead of the "
+                          f"paper's stride-2 5x5 transposed convolutions; data-independent, "
+                          f"the same sensitivity")
     if options.query_batch is not None:
         train["query_batch"] = options.query_batch
         deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "

@@ -138,6 +138,9 @@ TABLES: dict[str, tuple[str, list[Row]]] = {
         _row("generator with resize-convolutions (nearest-neighbour resize + convolution "
              "instead of transposed convolutions: no checkerboard; data-independent)", {},
              generator_upsampling="resize"),
+        _row("generator with 4x4 transposed convolutions (an even overlap: no checkerboard "
+             "from the layer, no resize's smoothing; data-independent)", {},
+             generator_upsampling="transpose4"),
     ]),
 }
 TABLE_6 = "5"    # Table 6 is Table 5's rows' time per epoch
