@@ -6,7 +6,8 @@ lever 4, the generator's architecture):
   nearest-neighbour 2x resize then a stride-1 5x5 convolution in their place;
 * the reason for it, exactly: on a constant feature map a stride-2 transposed 5x5
   convolution prints a checkerboard (its output positions see 9, 6 or 4 kernel taps),
-  a resize-convolution none (every interior position sees all 25);
+  a resize-convolution none (every interior position sees all 25), nor a stride-2 4x4
+  transposed convolution (``transpose4``: every interior position sees 4);
 * a run with resize-convolutions trains and keeps its choice in ``config.json``; a config
   written before the option existed loads with the authors' transposed convolutions;
 * privacy: the architecture is data-independent and the generator reads only the votes,
@@ -61,6 +62,20 @@ def test_resize_replaces_the_transposed_convolutions():
     assert np.all((np.asarray(images) > 0) & (np.asarray(images) < 1))
 
 
+def test_transpose4_has_4x4_transposed_convolutions():
+    k, gf = SHAPE.num_classes, 8
+    generator = networks.build_generator(SHAPE, Z_DIM, seed=1, filters=gf, dense=32,
+                                         upsampling="transpose4")
+    assert _layer_kinds(generator) == {
+        "g_h0_lin": ("Dense", (Z_DIM + k, 32)),
+        "g_h1_lin": ("Dense", (32 + k, 2 * gf * 7 * 7)),
+        "g_h2_deconv": ("Conv2DTranspose", (4, 4, 2 * gf, 2 * gf + k)),   # [h, w, out, in]
+        "g_h3_deconv": ("Conv2DTranspose", (4, 4, SHAPE.channels, 2 * gf + k))}
+    assert networks.generator_layers("transpose4") == networks.GENERATOR_LAYERS
+    images = generator([np.zeros((3, Z_DIM), np.float32), np.eye(10, dtype=np.float32)[:3]])
+    assert tuple(images.shape) == (3, 28, 28, 1)
+
+
 def test_the_default_is_the_authors_generator_bit_for_bit():
     assert cfg.TrainConfig().generator_upsampling is cfg.GeneratorUpsampling.TRANSPOSE
     assert {u.value for u in cfg.GeneratorUpsampling} == set(networks.UPSAMPLINGS)
@@ -95,12 +110,16 @@ def test_resize_convolutions_print_no_checkerboard():
     assert sorted(np.unique(interior).tolist()) == [4.0, 6.0, 9.0]
     assert np.array_equal(interior[::2, ::2], np.full((6, 6), interior[0, 0]))
     assert interior[0, 0] != interior[1, 1]
+    # 4x4 kernel, stride 2: an even overlap, 2 x 2 taps everywhere inside
+    even = _upsampled_constant("transpose4")
+    np.testing.assert_array_equal(even[1:-1, 1:-1], np.full((14, 14), 4.0))
 
 
 @pytest.mark.parametrize("bad", ["bilinear", "", None, 2, "Resize"])
 def test_a_bad_upsampling_is_refused_by_name(bad):
     with pytest.raises(ValueError, match=f"generator upsampling must be one of "
-                                         f"\\['transpose', 'resize'\\].*got {bad!r}"):
+                                         f"\\['transpose', 'resize', 'transpose4'\\].*got "
+                                         f"{bad!r}"):
         networks.build_generator(SHAPE, Z_DIM, upsampling=bad)
     with pytest.raises(cfg.ConfigError, match="generator_upsampling must be one of"):
         cfg.TrainConfig(generator_upsampling=bad)
@@ -127,10 +146,11 @@ def test_a_run_with_resize_convolutions_trains_and_keeps_them():
             is cfg.GeneratorUpsampling.TRANSPOSE)
 
 
-def test_one_teachers_records_swapped_move_only_its_own_teacher():
+@pytest.mark.parametrize("upsampling", [RESIZE, cfg.GeneratorUpsampling.TRANSPOSE4])
+def test_one_teachers_records_swapped_move_only_its_own_teacher(upsampling):
     assert_a_swapped_teacher_moves_only_itself(
         two_teacher_config(generator_filters=8, generator_dense=32,
-                           generator_upsampling=RESIZE))
+                           generator_upsampling=upsampling))
 
 
 def test_reproduce_names_the_lever_and_keeps_the_accounting():
@@ -144,6 +164,11 @@ def test_reproduce_names_the_lever_and_keeps_the_accounting():
     assert (config.topagg, config.budget) == (paper.topagg, paper.budget)
     assert len(deviations) == 1 and "resize-convolutions" in deviations[0]
     assert "the same sensitivity" in deviations[0]
+    even = paper_rows.ReproduceOptions("fashion_mnist", 1, generator_upsampling="transpose4")
+    assert even.default_name() == "fashion_mnist-eps1-transpose4"
+    config, deviations = paper_rows.build_config(even)
+    assert config.train.generator_upsampling is cfg.GeneratorUpsampling.TRANSPOSE4
+    assert len(deviations) == 1 and "4x4 transposed convolutions" in deviations[0]
     same = paper_rows.ReproduceOptions("fashion_mnist", 1, generator_upsampling="transpose")
     assert same.default_name() == "fashion_mnist-eps1"
     assert paper_rows.build_config(same) == (paper, [])
@@ -162,6 +187,8 @@ def test_the_clis_and_the_levers_table_set_it():
                                                       "--generator_upsampling", "resize"])
     assert parsed.generator_upsampling == "resize"
     _, rows = tables.TABLES["levers"]
-    resize_rows = [row for row in rows
-                   if row.changes.get("generator_upsampling") == "resize"]
-    assert len(resize_rows) == 1 and "resize-convolutions" in resize_rows[0].label
+    by_upsampling = {row.changes["generator_upsampling"]: row.label for row in rows
+                     if "generator_upsampling" in row.changes}
+    assert set(by_upsampling) == {"resize", "transpose4"}
+    assert "resize-convolutions" in by_upsampling["resize"]
+    assert "4x4 transposed convolutions" in by_upsampling["transpose4"]
