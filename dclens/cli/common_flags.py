@@ -45,6 +45,12 @@ def add_data(parser: argparse.ArgumentParser, *, what: str = "") -> None:
                         help=f"use the first N training records{what} only")
 
 
+#: --generator_upsampling's help, shared by scripts/main.py and scripts/reproduce.py.
+GENERATOR_UPSAMPLING_HELP = (
+    "beyond the paper for other values: how the generator doubles its feature maps: the "
+    "authors' stride-2 5x5 transposed convolutions, a nearest-neighbour resize then a "
+    "convolution (resize: no checkerboard), or 4x4 transposed convolutions (transpose4: an "
+    "even overlap); data-independent, the same sensitivity")
 TRAINING_RECORDS_HELP = (
     "which training records: all (the paper's); private (all but the last 10,000, the "
     "tuning split, which this run never reads: for a configuration tuned on that split); "

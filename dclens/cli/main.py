@@ -303,11 +303,7 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
         help="beyond the paper for other values: the generator's first dense layer's units "
              "(the authors' model's gfc_dim)")
     add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
-        help="beyond the paper for other values: how the generator doubles its feature "
-             "maps: the authors' stride-2 5x5 transposed convolutions, a nearest-neighbour "
-             "resize then a convolution (resize: no checkerboard), or 4x4 transposed "
-             "convolutions (transpose4: an even overlap); data-independent, the same "
-             "sensitivity")
+        help=common_flags.GENERATOR_UPSAMPLING_HELP)
     add("--df_dim", type=int, metavar="DF",
         help="beyond the paper for other values: the teachers' filters (their second "
              "convolution has DF + classes channels; the authors' model's df_dim; "

@@ -117,11 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity) "
         "[default: 1, the paper's]")
     add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
-        help="beyond the paper for other values: the generator doubles its feature maps "
-        "by a nearest-neighbour resize then a convolution (resize: no checkerboard) or by "
-        "4x4 transposed convolutions (transpose4: an even overlap) instead of the paper's "
-        "5x5 ones (data-independent, the same sensitivity) [default: transpose, the "
-        "paper's]")
+        help=common_flags.GENERATOR_UPSAMPLING_HELP + " [default: transpose, the paper's]")
     add("--teacher_width", type=float, metavar="W", help="beyond the paper: the teacher "
         "discriminators W times as wide as the paper's (32 W filters, 256 W dense units; "
         "32 W a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity; the "
