@@ -39,6 +39,8 @@ class Stream(enum.IntEnum):
     CRITIC = 14
     # GEP's data-independent anchors (dclens.dpsgd).
     ANCHOR_IMAGES = 15
+    # DP-MERF's random Fourier features (dclens.merf).
+    FOURIER_FEATURES = 16
 
 
 def entropy_seed() -> int:

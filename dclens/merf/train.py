@@ -1,0 +1,196 @@
+"""A DP-MERF run: release the embedding once, fit the generator, sample.
+
+Order (the write-ahead rule of :mod:`dclens.runs.journal`): the release's spend is in the
+ledger and on disk before its noise is drawn; the noisy sum is written atomically to
+``release.npz`` (publishable: it is the DP output), and everything after it -- the fit,
+``generator.keras``, the samples -- is post-processing of that file.  A crash before
+``release.npz`` lands leaves a journaled spend without a release: the next call spends
+again with fresh noise (the lost spend stays counted).  A crash after it refits from the
+same release at no privacy cost.  A run whose ``report.json`` exists is finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from dclens.common import export
+from dclens.common.rng import SeedTree, Stream
+from dclens.data import splits
+from dclens.datalens import networks
+from dclens.datalens.build import image_shape_of
+from dclens.datalens.sample import generator_function, sample_generator
+from dclens.merf import features as features_lib
+from dclens.merf import fit, mechanism
+from dclens.merf.config import CHANGEABLE_ON_RESUME, MerfConfig
+from dclens.privacy import accounting
+from dclens.runs import rundir
+
+RELEASE_FILE = "release.npz"
+REPORT_FILE = "report.json"
+GENERATOR_FILE = "generator.keras"
+
+
+def calibrated_noise_multiplier(target_eps: float, delta: float,
+                                conversion: accounting.Conversion) -> float:
+    """The smallest noise multiplier z (to 1e-9 relative) for which one Gaussian mechanism
+    costs at most ``target_eps`` at ``delta`` under ``conversion``."""
+    def epsilon(z: float) -> float:
+        ledger = accounting.PrivacyLedger(delta=delta, conversion=conversion)
+        ledger.spend(mechanism.event(z))
+        return ledger.epsilon().epsilon
+
+    low, high = 1e-3, 1.0
+    while epsilon(high) > target_eps:
+        low, high = high, 2 * high
+        if high > 1e9:
+            raise ValueError(f"no noise multiplier reaches epsilon {target_eps!r} at "
+                             f"delta {delta!r}")
+    while (high - low) > 1e-9 * high:
+        middle = (low + high) / 2
+        if epsilon(middle) > target_eps:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def noise_multiplier(config: MerfConfig) -> float:
+    """The release's noise multiplier: ``sigma`` or the calibrated one, times
+    ``noise_scale``."""
+    base = (config.sigma if config.sigma is not None else
+            calibrated_noise_multiplier(config.target_eps, config.delta, config.conversion))
+    return base * config.noise_scale
+
+
+def new_ledger(config: MerfConfig) -> accounting.PrivacyLedger:
+    return accounting.PrivacyLedger(
+        delta=config.delta, conversion=config.conversion,
+        orders=(accounting.classic_orders() if config.conversion is
+                accounting.Conversion.CLASSIC else None))
+
+
+def build_generator(config: MerfConfig, shape: networks.ImageShape, seed: int):
+    """The DataLens student generator with the run's width and upsampling."""
+    return networks.build_generator(shape, config.z_dim, seed=seed,
+                                    filters=config.generator_filters,
+                                    dense=config.generator_dense,
+                                    upsampling=config.generator_upsampling.value)
+
+
+def _read_release(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as stored:
+        return {name: stored[name] for name in stored.files}
+
+
+def _write_release(path: str, total: np.ndarray, *, records: int, z: float,
+                   attempt: int) -> None:
+    def write(stream) -> None:
+        np.savez(stream, noisy_sum=total, records=np.int64(records),
+                 noise_multiplier=np.float64(z), attempt=np.int64(attempt))
+    export.atomic_write(path, write)
+
+
+def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: float,
+                   records: int, lost: int) -> dict:
+    """privacy.json of a DP-MERF run."""
+    seeded = config.seed is not None
+    return {
+        "private": True, "reproducible_noise": seeded, "delta": config.delta,
+        "conversion": config.conversion.value,
+        "epsilon": ledger.epsilon().to_dict(),
+        "mechanism": "Gaussian mechanism on the class-conditional random-Fourier-feature "
+                     "embedding sum (dclens.merf.mechanism)",
+        "unit": "replacing one training record",
+        "sensitivity": mechanism.SENSITIVITY, "noise_multiplier": z,
+        "noise_scale": config.noise_scale, "records": records,
+        "training_records": splits.describe(config.training_records, records)
+        if config.training_records is splits.TrainingRecords.ALL else
+        config.training_records.value,
+        "releases": ledger.queries, "lost_releases": lost,
+        "ledger": ledger.state_dict(),
+        "accounting_proven": True,
+        "hyperparameter_selection": accounting.HYPERPARAMETER_SELECTION,
+    }
+
+
+def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
+               log: Callable[[str], None] = print) -> dict:
+    """Runs (or finishes) the DP-MERF run in ``run_dir``; returns its report."""
+    started = time.perf_counter()
+    opened = rundir.open_run(config, run_dir, kind="merf", restart=restart,
+                             changeable=CHANGEABLE_ON_RESUME, log=log)
+    paths = opened.paths
+    report_path = os.path.join(paths.root, REPORT_FILE)
+    if opened.resuming and os.path.exists(report_path):
+        with open(report_path) as stream:
+            log(f"{run_dir} is finished (report.json); --restart to start over")
+            return json.load(stream)
+    seeds = SeedTree(opened.root_seed)
+    records = splits.load_training_records(config.dataset, config.data_dir,
+                                           config.training_records, limit=config.max_records,
+                                           progress=False)
+    shape = image_shape_of(records.spec)
+    n = len(records.labels)
+    z = noise_multiplier(config)
+    if opened.resuming:
+        journal = rundir.open_journal(paths, None, new_ledger=lambda: new_ledger(config))
+    else:
+        journal = rundir.create_run_files(
+            paths, config.to_dict(), kind="merf", root_seed=opened.root_seed,
+            seeded=config.seed is not None,
+            facts={"dataset_source": records.source, "records": n, "noise_multiplier": z},
+            ledger=new_ledger(config))
+    features = features_lib.draw(shape.dim, config.num_features, config.lengthscale,
+                                 seeds.numpy(Stream.FOURIER_FEATURES))
+    release_path = os.path.join(paths.root, RELEASE_FILE)
+    released = _read_release(release_path)
+    attempt = len(journal.entries)
+    if released is None or int(released["attempt"]) != attempt - 1:
+        if attempt:
+            log(f"{attempt} earlier release(s) were spent but not written (a crash): "
+                "spending again with fresh noise; the lost ones stay in the ledger")
+        journal.ledger.spend(mechanism.event(z))
+        journal.append(0, attempt, 1)            # durable before the noise exists
+        total = mechanism.embedding_sum(features, records.images, records.labels,
+                                        shape.num_classes)
+        noisy = mechanism.release(total, z, seeds.numpy(Stream.DP_NOISE, attempt))
+        del total
+        _write_release(release_path, noisy, records=n, z=z, attempt=attempt)
+        log(f"released the embedding sum of {n} records ({features.dim} features x "
+            f"{shape.num_classes} classes) with noise multiplier {z:.6g}: epsilon "
+            f"{journal.ledger.epsilon().epsilon:.4g} at delta {config.delta:g} "
+            f"({config.conversion.value})")
+    else:
+        noisy = released["noisy_sum"]
+        log(f"reusing the release in {release_path} (no new spend)")
+    generator = build_generator(config, shape, seeds.integer(Stream.GENERATOR_INIT))
+    losses = fit.fit_generator(generator, features, noisy / n, steps=config.fit_steps,
+                               batch=config.fit_batch, learning_rate=config.learning_rate,
+                               beta1=config.beta1, rng=seeds.numpy(Stream.LATENT), log=log,
+                               log_every=config.log_every)
+    with export.atomic_path(os.path.join(paths.root, GENERATOR_FILE)) as temporary:
+        generator.save(temporary)
+    images, labels = sample_generator(generator_function(generator), shape, config.z_dim,
+                                      config.num_samples, seeds=seeds, batch=500)
+    export.write_samples_npz(os.path.join(paths.root, "samples.npz"), images, labels)
+    grid = export.image_grid(images[np.argsort(labels[:100], kind="stable")], 10, 10)
+    export.write_grid_png(os.path.join(paths.root, "samples.png"), grid,
+                          title="DP-MERF samples")
+    privacy = privacy_record(config, journal.ledger, z, n, journal.lost_queries)
+    export.write_json(paths.privacy, privacy)
+    report = {"kind": "merf", "records": n, "noise_multiplier": z,
+              "epsilon": privacy["epsilon"], "fit_losses_first_last": [
+                  losses[0] if losses else None, losses[-1] if losses else None],
+              "num_samples": config.num_samples,
+              "seconds": time.perf_counter() - started}
+    export.write_json(report_path, report)
+    log(f"done: {config.num_samples} samples in {paths.root} (epsilon "
+        f"{privacy['epsilon']['epsilon']:.4g})")
+    return report
