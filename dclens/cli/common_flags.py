@@ -51,6 +51,11 @@ GENERATOR_UPSAMPLING_HELP = (
     "authors' stride-2 5x5 transposed convolutions, a nearest-neighbour resize then a "
     "convolution (resize: no checkerboard), or 4x4 transposed convolutions (transpose4: an "
     "even overlap); data-independent, the same sensitivity")
+#: --warm_start's help, shared by scripts/main.py and scripts/reproduce.py.
+WARM_START_HELP = (
+    "beyond the paper: start the generator from a finished DP-MERF run on the same records "
+    "(scripts/merf.py --run_dir RUN); its release is counted in this run's ledger, so the "
+    "budget covers both [default: the paper's random initialisation]")
 TRAINING_RECORDS_HELP = (
     "which training records: all (the paper's); private (all but the last 10,000, the "
     "tuning split, which this run never reads: for a configuration tuned on that split); "

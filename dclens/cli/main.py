@@ -137,6 +137,7 @@ FLAG_FIELDS = {"epoch": "train.epochs", "batch_size": "train.batch_size",
                "generator_upsampling": "train.generator_upsampling",
                "df_dim": "train.teacher_filters", "dfc_dim": "train.teacher_dense",
                "query_batch": "train.query_batch",
+               "warm_start": "train.warm_start",
                "training_records": "train.training_records"}
 
 
@@ -304,6 +305,7 @@ def _add_dclens_flags(add: Callable[..., argparse.Action]) -> None:
              "(the authors' model's gfc_dim)")
     add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
         help=common_flags.GENERATOR_UPSAMPLING_HELP)
+    add("--warm_start", metavar="RUN", help=common_flags.WARM_START_HELP)
     add("--df_dim", type=int, metavar="DF",
         help="beyond the paper for other values: the teachers' filters (their second "
              "convolution has DF + classes channels; the authors' model's df_dim; "

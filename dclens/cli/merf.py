@@ -22,7 +22,8 @@ import sys
 from dclens import data
 from dclens.cli import common_flags, interrupted
 from dclens.common import tf_env
-from dclens.merf.config import MerfConfig, MerfConfigError
+from dclens.datalens.merf import train
+from dclens.datalens.merf.config import MerfConfig, MerfConfigError
 from dclens.runs import rundir
 from dclens.runs.journal import JournalError
 
@@ -88,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except MerfConfigError as error:
         parser.error(str(error))
-    from dclens.merf import train    # TensorFlow: after the arguments are checked
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
     try:
         report = train.train_merf(config, args.run_dir, restart=args.restart, log=log)

@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "[default: 1, the paper's]")
     add("--generator_upsampling", choices=[u.value for u in cfg.GeneratorUpsampling],
         help=common_flags.GENERATOR_UPSAMPLING_HELP + " [default: transpose, the paper's]")
+    add("--warm_start", metavar="RUN", help=common_flags.WARM_START_HELP)
     add("--teacher_width", type=float, metavar="W", help="beyond the paper: the teacher "
         "discriminators W times as wide as the paper's (32 W filters, 256 W dense units; "
         "32 W a whole number, e.g. 0.5 or 2; data-independent, the same sensitivity; the "
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             shared_teacher_init=args.shared_teacher_init, teacher_steps=args.teacher_steps,
             generator_width=args.generator_width,
             generator_upsampling=args.generator_upsampling, teacher_width=args.teacher_width,
-            query_batch=args.query_batch)
+            query_batch=args.query_batch, warm_start=args.warm_start)
         actions = [flag for flag, given in (("--add_authors", args.add_authors is not None),
                                             ("--add_quality", args.add_quality),
                                             ("--rerender", args.rerender),

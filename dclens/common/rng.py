@@ -39,7 +39,7 @@ class Stream(enum.IntEnum):
     CRITIC = 14
     # GEP's data-independent anchors (dclens.dpsgd).
     ANCHOR_IMAGES = 15
-    # DP-MERF's random Fourier features (dclens.merf).
+    # DP-MERF's random Fourier features (dclens.datalens.merf).
     FOURIER_FEATURES = 16
 
 

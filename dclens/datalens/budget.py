@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from dclens.datalens import topagg as topagg_lib
+from dclens.datalens import warm_start
 from dclens.datalens.config import DataLensConfig
 from dclens.privacy import accounting
 from dclens.runs.journal import PrivacyJournal
@@ -71,6 +72,13 @@ def privacy_record(lens, config: DataLensConfig, curve: list[dict], stop_reason:
         "lost_spends": journal.lost if journal is not None else [],
         "hyperparameter_selection": accounting.HYPERPARAMETER_SELECTION,
     }
+    warm = getattr(lens, "warm_start", None)
+    if warm is not None:
+        record["warm_start"] = {
+            "run": warm.path,
+            "spends": [{"noise_multiplier": z, "count": count} for z, count in warm.spends],
+            "what": "the generator started from the DP-MERF run's fit; its release of the "
+                    "same records is composed in this ledger (journal round -1)"}
     if config.train.non_private:
         record["warning"] = NOT_PRIVATE_WARNING
     elif lens.ledger.queries:
@@ -107,14 +115,16 @@ def _budget_arguments(config: DataLensConfig, batch: int, dim: int) -> dict:
                         else multiplier * topagg_sensitivity)
     orders = (accounting.classic_orders(config.budget.max_order)
               if config.budget.conversion is accounting.Conversion.CLASSIC else None)
+    prior = (() if config.train.warm_start is None else
+             warm_start.open_warm_start(config.train.warm_start, config.train).events())
     return dict(sigma=equivalent_sigma, topk=config.topagg.topk,
                 queries_per_step=batch * config.train.g_step, delta=config.budget.delta,
-                conversion=config.budget.conversion, orders=orders)
+                conversion=config.budget.conversion, orders=orders, prior=prior)
 
 
 def steps_within_budget(config: DataLensConfig, batch: int, dim: int) -> int:
     """Whole generator steps (g_step rounds of ``batch`` queries) the budget allows from
-    nothing spent (the epoch cap aside)."""
+    nothing spent but a warm start's release (the epoch cap aside)."""
     return accounting.max_steps_within(max_eps=config.budget.max_eps,
                                        **_budget_arguments(config, batch, dim))
 

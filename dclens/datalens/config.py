@@ -368,6 +368,12 @@ class TrainConfig:
         per round, so a smaller one buys about B / query_batch x the steps at the same
         epsilon.  At most the batch (min(batch_size, partition size), checked when the
         run starts).  ``None`` (the default): B, the paper's.
+      warm_start: the folder of a finished DP-MERF run on the same records (beyond the
+        paper, issue 39): the student generator starts from the generator fitted there,
+        and the ledger starts with that run's release (one Gaussian mechanism on the
+        same records, composed with every TopAgg query;
+        :mod:`dclens.datalens.warm_start`).  ``None`` (the default): the paper's
+        randomly initialised generator.
       class_direction_every: a diagnostic (beyond the paper, issue 39): every N-th step,
         how much of the teachers' summed class evidence their gradients, vote and released
         update carry (:mod:`dclens.datalens.class_direction`), into
@@ -414,8 +420,13 @@ class TrainConfig:
     teacher_filters: int = 32
     teacher_dense: int = 256
     query_batch: int | None = None
+    warm_start: str | None = None
 
     def __post_init__(self) -> None:
+        _require(self.warm_start is None
+                 or (isinstance(self.warm_start, str) and self.warm_start != ""),
+                 f"warm_start must be None or the folder of a finished DP-MERF run "
+                 f"(scripts/merf.py --run_dir), got {self.warm_start!r}")
         _require(isinstance(self.class_guidance_form, GuidanceForm),
                  f"class_guidance_form must be one of {[f.value for f in GuidanceForm]}, "
                  f"got {self.class_guidance_form!r}")

@@ -19,7 +19,7 @@ PRIVACY_RELEVANT = frozenset({
     "train.num_teachers", "train.dataset", "train.data_dir", "train.max_records",
     "train.training_records",
     "train.partition_seed", "train.balanced_partition", "train.batch_size", "train.g_step",
-    "train.query_batch", "train.non_private", "train.seed", "budget.delta", "budget.conversion",
+    "train.query_batch", "train.warm_start", "train.non_private", "train.seed", "budget.delta", "budget.conversion",
     "budget.max_order"})
 
 

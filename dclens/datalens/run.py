@@ -128,6 +128,25 @@ def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
         ledger=lens.ledger)
 
 
+#: The journal's round number of a warm start's spends (before step 0's rounds).
+WARM_START_ROUND = -1
+
+
+def _spend_warm_start(lens, journal: PrivacyJournal, config: DataLensConfig,
+                      log: Callable[[str], None]) -> None:
+    """A fresh run started from a DP-MERF run (``train.warm_start``) begins its ledger
+    with that run's spends, journaled as round -1 of step 0 (:mod:`dclens.datalens.warm_start`).
+    A resume reads them back from the journal and never spends them again."""
+    if lens.warm_start is None or config.train.non_private:
+        return
+    for event in lens.warm_start.events():
+        lens.ledger.spend(event)
+    journal.append(0, WARM_START_ROUND, lens.warm_start.queries)
+    log(f"warm start: the generator fitted by the DP-MERF run {lens.warm_start.path}; its "
+        f"release is in this run's ledger (epsilon {lens.ledger.epsilon().epsilon:.4g} "
+        f"before the first step)")
+
+
 def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
             ) -> tuple[PrivacyJournal, list[dict], int | None, bool]:
     """Loads the journal and the newest checkpoint into ``lens``
@@ -388,6 +407,7 @@ class _Training:
         config, plan, lens, log = self.config, self.plan, self.lens, self.log
         if plan.mode is Mode.FRESH:
             self.journal = _begin_fresh(plan, config, dataset, lens, root_seed)
+            _spend_warm_start(lens, self.journal, config, log)
         else:
             self.journal, self.curve, self.resumed_from, self.finished = _resume(
                 plan, lens, self.store, log)

@@ -44,7 +44,7 @@ import tensorflow as tf
 from dclens.datalens import mismatch, teacher_bank
 from dclens.privacy import accounting, data_dependent
 from dclens import data
-from dclens.datalens import networks, teachers, topagg
+from dclens.datalens import networks, teachers, topagg, warm_start
 from dclens.datalens.config import DataLensConfig, FakeRendering
 from dclens.datalens.draws import Draws, SeededDraws
 from dclens.datalens.build import (build_ensemble, build_topagg, image_shape_of,
@@ -213,6 +213,12 @@ class DataLens:
             self.shape, train_cfg.z_dim, seed=self.seeds.integer(Stream.GENERATOR_INIT),
             filters=train_cfg.generator_filters, dense=train_cfg.generator_dense,
             upsampling=train_cfg.generator_upsampling.value)
+        # A warm start (beyond the paper): the generator fitted to a DP-MERF release of the
+        # same records; its spends enter the ledger when the run begins (run.py).
+        self.warm_start = (None if train_cfg.warm_start is None else
+                           warm_start.open_warm_start(train_cfg.warm_start, train_cfg))
+        if self.warm_start is not None:
+            warm_start.load_generator(self.generator, self.warm_start)
         self.student_optimizer = keras.optimizers.Adam(
             train_cfg.learning_rate, beta_1=train_cfg.beta1, epsilon=teachers.ADAM_EPSILON)
         self.ledger = accounting.PrivacyLedger(

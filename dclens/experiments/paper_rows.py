@@ -118,6 +118,13 @@ class ReproduceOptions:
         (:attr:`dclens.datalens.config.TrainConfig.generator_upsampling`).
         Data-independent, so the accounting is unchanged.  ``None`` or ``"transpose"``:
         the paper's.
+      warm_start: beyond the paper (issue 39): the folder of a finished DP-MERF run on
+        the same records; the generator starts from its fit and the ledger from its
+        release (:attr:`dclens.datalens.config.TrainConfig.warm_start`), so the budget
+        covers both and TopAgg gets the steps left.  At the noise-matched scale, match the
+        DP-MERF run's noise too (``scripts/merf.py --noise_scale`` = ``sigma_scale``) and
+        account by pld: every spend's mu^2 then scales alike and the run stops where the
+        paper-scale run would.  ``None``: the paper's random start.
       teacher_width: beyond the paper (issue 39's lever 4): the teacher discriminators'
         width as a multiple W of the paper's: df = 32 W filters and dfc = 256 W dense
         units (:attr:`dclens.datalens.config.TrainConfig.teacher_filters`,
@@ -171,6 +178,7 @@ class ReproduceOptions:
     generator_upsampling: str | None = None
     teacher_width: float | None = None
     query_batch: int | None = None
+    warm_start: str | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset, self.eps) not in PAPER_TABLE1:
@@ -374,6 +382,8 @@ class ReproduceOptions:
             name += f"-tw{self.teacher_width:g}"
         if self.query_batch is not None:
             name += f"-qb{self.query_batch}"
+        if self.warm_start is not None:
+            name += "-warm"
         if self.records is not splits.TrainingRecords.ALL:
             name += f"-{self.records.value}"
         if self.repeat is not None:
@@ -593,6 +603,13 @@ def _levers(options: ReproduceOptions, paper: cfg.DataLensConfig, train: dict,
         deviations.append(f"beyond the paper: {_UPSAMPLING_WORDS[upsampling]} instead of the "
                           f"paper's stride-2 5x5 transposed convolutions; data-independent, "
                           f"the same sensitivity")
+    if options.warm_start is not None:
+        train["warm_start"] = options.warm_start
+        deviations.append(f"beyond the paper: the generator starts from the DP-MERF run "
+                          f"{options.warm_start} (a generator fitted to one Gaussian release "
+                          f"of the same records' class-conditional mean embedding); that "
+                          f"release is counted in this run's ledger, so the budget covers "
+                          f"both and TopAgg runs the steps left")
     if options.query_batch is not None:
         train["query_batch"] = options.query_batch
         deviations.append(f"beyond the paper: {options.query_batch} fake images voted on per "

@@ -233,13 +233,18 @@ class PrivacyLedger(RdpLedger):
 
 def epsilon_for(*, sigma: float, topk: int, queries_per_step: int, steps: int,
                 delta: float, conversion: Conversion | str = Conversion.DP_ACCOUNTING,
-                orders: Sequence[float] | None = None) -> EpsilonReport:
+                orders: Sequence[float] | None = None,
+                prior: Sequence[dp_accounting.DpEvent] = ()) -> EpsilonReport:
     """The guarantee after ``steps`` generator steps of ``queries_per_step`` TopAgg calls.
 
     RDP(alpha) = steps * queries_per_step * 2 topk alpha / sigma^2, converted at
     ``delta`` with ``conversion`` over ``orders`` (None: the conversion's default).
+    ``prior``: Gaussian events spent before the first step (a warm start's release),
+    composed with them.
     """
     ledger = PrivacyLedger(delta=delta, conversion=conversion, orders=orders)
+    for event in prior:
+        ledger.spend(event)
     queries_per_step = check_int("queries_per_step", queries_per_step, minimum=0,
                                   hint="it is the fake batch size (TopAgg calls per step)")
     steps = check_int("steps", steps, minimum=0)
@@ -272,8 +277,10 @@ _MAX_BRACKET_DOUBLINGS = 1000
 
 def max_steps_within(*, sigma: float, topk: int, queries_per_step: int, max_eps: float,
                      delta: float, conversion: Conversion | str,
-                     orders: Sequence[float] | None = None) -> int:
-    """The largest number of steps whose epsilon is <= ``max_eps`` (0 if even one exceeds).
+                     orders: Sequence[float] | None = None,
+                     prior: Sequence[dp_accounting.DpEvent] = ()) -> int:
+    """The largest number of steps whose epsilon is <= ``max_eps`` (0 if even one exceeds),
+    after the ``prior`` events (:func:`epsilon_for`).
 
     Training that checks the budget before every step stops after exactly this many
     steps. Epsilon is non-decreasing in the number of steps (RDP grows linearly and both
@@ -286,7 +293,7 @@ def max_steps_within(*, sigma: float, topk: int, queries_per_step: int, max_eps:
     def within(steps: int) -> bool:
         return epsilon_for(sigma=sigma, topk=topk, queries_per_step=queries_per_step,
                            steps=steps, delta=delta, conversion=conversion,
-                           orders=orders).epsilon <= max_eps
+                           orders=orders, prior=prior).epsilon <= max_eps
 
     if not within(1):
         return 0

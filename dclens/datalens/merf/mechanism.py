@@ -1,6 +1,6 @@
 """The one private release of DP-MERF: the class-conditional embedding sum plus Gaussian noise.
 
-For records (x_i, y_i), i = 1..n, with unit-norm features phi (:mod:`dclens.merf.features`)
+For records (x_i, y_i), i = 1..n, with unit-norm features phi (:mod:`dclens.datalens.merf.features`)
 and one-hot labels e_y in R^C, the released matrix is
 
     M~ = S + N(0, (Delta z)^2 I),   S = sum_i phi(x_i) e_{y_i}^T   in R^{D x C},
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dp_accounting
 import numpy as np
 
-from dclens.merf.features import FourierFeatures
+from dclens.datalens.merf.features import FourierFeatures
 from dclens.privacy import accounting
 
 #: The replace-one L2 sensitivity of the embedding sum (module docstring).

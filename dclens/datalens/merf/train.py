@@ -24,9 +24,9 @@ from dclens.data import splits
 from dclens.datalens import networks
 from dclens.datalens.build import image_shape_of
 from dclens.datalens.sample import generator_function, sample_generator
-from dclens.merf import features as features_lib
-from dclens.merf import fit, mechanism
-from dclens.merf.config import CHANGEABLE_ON_RESUME, MerfConfig
+from dclens.datalens.merf import features as features_lib
+from dclens.datalens.merf import fit, mechanism
+from dclens.datalens.merf.config import CHANGEABLE_ON_RESUME, MerfConfig
 from dclens.privacy import accounting
 from dclens.runs import rundir
 
@@ -106,7 +106,7 @@ def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: floa
         "conversion": config.conversion.value,
         "epsilon": ledger.epsilon().to_dict(),
         "mechanism": "Gaussian mechanism on the class-conditional random-Fourier-feature "
-                     "embedding sum (dclens.merf.mechanism)",
+                     "embedding sum (dclens.datalens.merf.mechanism)",
         "unit": "replacing one training record",
         "sensitivity": mechanism.SENSITIVITY, "noise_multiplier": z,
         "noise_scale": config.noise_scale, "records": records,
@@ -180,9 +180,13 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
     images, labels = sample_generator(generator_function(generator), shape, config.z_dim,
                                       config.num_samples, seeds=seeds, batch=500)
     export.write_samples_npz(os.path.join(paths.root, "samples.npz"), images, labels)
-    grid = export.image_grid(images[np.argsort(labels[:100], kind="stable")], 10, 10)
-    export.write_grid_png(os.path.join(paths.root, "samples.png"), grid,
-                          title="DP-MERF samples")
+    classes = shape.num_classes
+    rows, _ = sample_generator(generator_function(generator), shape, config.z_dim,
+                               classes * 10, seeds=seeds, seed_path=(1,),
+                               labels=np.repeat(np.arange(classes), 10))
+    export.write_grid_png(os.path.join(paths.root, "samples.png"),
+                          export.image_grid(rows, classes, 10),
+                          title="DP-MERF samples (a row per class)")
     privacy = privacy_record(config, journal.ledger, z, n, journal.lost_queries)
     export.write_json(paths.privacy, privacy)
     report = {"kind": "merf", "records": n, "noise_multiplier": z,

@@ -33,16 +33,18 @@ class FourierFeatures:
 
     def numpy(self, images: np.ndarray) -> np.ndarray:
         """phi of each image (any shape [N, ...] with prod(...) = d), float64 [N, D], each
-        row of L2 norm <= 1."""
+        row of L2 norm <= 1 (:func:`clip_to_unit_norm` of :meth:`unclipped`)."""
+        return clip_to_unit_norm(self.unclipped(images))
+
+    def unclipped(self, images: np.ndarray) -> np.ndarray:
+        """sqrt(2 / D) [cos(W^T x), sin(W^T x)] as computed, float64 [N, D]."""
         flat = np.asarray(images, np.float64).reshape(len(images), -1)
         if flat.shape[1] != self.input_dim:
             raise ValueError(f"images have {flat.shape[1]} values each, the features were "
                              f"drawn for {self.input_dim}")
         projected = flat @ self.frequencies.astype(np.float64)
-        phi = np.sqrt(2.0 / self.dim) * np.concatenate([np.cos(projected),
-                                                        np.sin(projected)], axis=1)
-        norms = np.linalg.norm(phi, axis=1, keepdims=True)
-        return phi / np.maximum(norms, 1.0)
+        return np.sqrt(2.0 / self.dim) * np.concatenate([np.cos(projected),
+                                                         np.sin(projected)], axis=1)
 
     def tensor(self, images: tf.Tensor) -> tf.Tensor:
         """phi of a batch of images as float32 [N, D], differentiable (for the fit; what
@@ -51,6 +53,12 @@ class FourierFeatures:
         projected = tf.matmul(flat, tf.constant(self.frequencies, tf.float32))
         scale = tf.constant(np.sqrt(2.0 / self.dim), tf.float32)
         return scale * tf.concat([tf.cos(projected), tf.sin(projected)], axis=1)
+
+
+def clip_to_unit_norm(rows: np.ndarray) -> np.ndarray:
+    """Each row divided by max(1, its L2 norm): every row's norm is then <= 1."""
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows / np.maximum(norms, 1.0)
 
 
 def draw(input_dim: int, num_features: int, lengthscale: float,

@@ -31,7 +31,7 @@ class MerfConfig:
     """One DP-MERF run.
 
     Privacy: one Gaussian mechanism on the class-conditional embedding sum, L2 sensitivity
-    2 for replacing one training record (:mod:`dclens.merf.mechanism`), noise multiplier
+    2 for replacing one training record (:mod:`dclens.datalens.merf.mechanism`), noise multiplier
     ``sigma`` (or calibrated so that the release alone costs ``target_eps`` at ``delta``
     under ``conversion``) times ``noise_scale``.  ``noise_scale`` < 1 is the
     noise-matched reduced scale of a screening run (on n records, z n / N keeps the

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dclens.merf.features import FourierFeatures
+from dclens.datalens.merf.features import FourierFeatures
 
 
 def embedding_loss(features: FourierFeatures, target: tf.Tensor, images: tf.Tensor,

@@ -1,0 +1,128 @@
+"""Starting a DataLens generator from a finished DP-MERF run (``--warm_start RUN``).
+
+The DP-MERF run (:mod:`dclens.datalens.merf`) released one noisy embedding of the same training
+records and fitted a generator to it.  A DataLens run that starts from that generator
+has used the release, so its ledger begins with the DP-MERF run's spends, read from that
+run's write-ahead journal (``ledger.json``: every release, lost ones included) and
+composed with every TopAgg query after them.  Both mechanisms are Gaussian with the same
+unit of privacy (replacing one training record), so the composition is that of one
+:class:`dclens.privacy.accounting.PrivacyLedger`.
+
+What is refused, by name: a run that is not a finished DP-MERF run, one trained on other
+records (dataset, training_records, max_records), one with reproducible noise (``--seed``)
+unless this run is seeded too, and a generator of another architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import dp_accounting
+import keras
+
+from dclens.datalens import networks
+from dclens.privacy import accounting
+
+#: What a warm start must match in the DP-MERF run's config (name in the DataLens
+#: train config -> name in the DP-MERF config).
+SAME_RECORDS = {"dataset": "dataset", "training_records": "training_records",
+                "max_records": "max_records"}
+SAME_GENERATOR = {"z_dim": "z_dim", "generator_filters": "generator_filters",
+                  "generator_dense": "generator_dense",
+                  "generator_upsampling": "generator_upsampling"}
+
+
+class WarmStartError(ValueError):
+    """The warm-start run cannot start this DataLens run (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """A checked DP-MERF run: its folder, its spends (``(noise multiplier, count)``
+    runs), and whether its noise is reproducible."""
+
+    path: str
+    spends: tuple[tuple[float, int], ...]
+    seeded: bool
+
+    @property
+    def queries(self) -> int:
+        return sum(count for _, count in self.spends)
+
+    def events(self) -> list[dp_accounting.DpEvent]:
+        """The spends as ``DpEvent`` s, for a ledger or a budget plan."""
+        return [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), count)
+                for z, count in self.spends]
+
+    @property
+    def generator_path(self) -> str:
+        return os.path.join(self.path, "generator.keras")
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path) as stream:
+            return json.load(stream)
+    except FileNotFoundError:
+        raise WarmStartError(f"{path} is missing: --warm_start needs a finished DP-MERF "
+                             f"run (scripts/merf.py --run_dir ...); {what}") from None
+    except (OSError, ValueError) as error:
+        raise WarmStartError(f"{path} cannot be read ({error})") from error
+
+
+def _value(train_config, name: str):
+    value = getattr(train_config, name)
+    return getattr(value, "value", value)
+
+
+def open_warm_start(path: str, train_config) -> WarmStart:
+    """The DP-MERF run at ``path``, checked against the DataLens ``train_config``
+    (:class:`dclens.datalens.config.TrainConfig`)."""
+    saved = _read_json(os.path.join(path, "config.json"), "its config.json says what it is")
+    if saved.get("kind") != "merf":
+        raise WarmStartError(f"{path} is a {saved.get('kind')!r} run, not a DP-MERF run "
+                             f"(kind 'merf', written by scripts/merf.py)")
+    merf = saved.get("config", {})
+    for ours, theirs in {**SAME_RECORDS, **SAME_GENERATOR}.items():
+        if merf.get(theirs) != _value(train_config, ours):
+            raise WarmStartError(
+                f"the DP-MERF run {path} has {theirs} = {merf.get(theirs)!r} but this run "
+                f"{ours} = {_value(train_config, ours)!r}: a warm start must read the same "
+                f"records with the same generator; rerun scripts/merf.py with "
+                f"--{theirs} {_value(train_config, ours)}")
+    if not os.path.exists(os.path.join(path, "report.json")):
+        raise WarmStartError(f"the DP-MERF run {path} is not finished (no report.json): "
+                             f"run its command again to finish it")
+    seeded = bool(saved.get("reproducible_noise"))
+    if seeded and train_config.seed is None:
+        raise WarmStartError(
+            f"the DP-MERF run {path} was seeded (--seed): its noise is reproducible, so a "
+            f"run started from it is not private; seed this run too (tests, debugging) or "
+            f"warm-start from an unseeded DP-MERF run")
+    journal = _read_json(os.path.join(path, "ledger.json"), "its ledger.json counts its spends")
+    try:
+        ledger = accounting.PrivacyLedger.from_state_dict(journal["ledger"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise WarmStartError(f"the ledger of {path} cannot be read ({error})") from error
+    spends = tuple((float(spend["noise_multiplier"]), int(spend["count"]))
+                   for spend in ledger.state_dict()["spends"])
+    if not spends:
+        raise WarmStartError(f"the DP-MERF run {path} has spent nothing: it is not finished")
+    return WarmStart(os.path.abspath(path), spends, seeded)
+
+
+def load_generator(generator: keras.Model, warm_start: WarmStart) -> None:
+    """Copies the DP-MERF run's fitted generator (weights and batch-norm statistics) into
+    ``generator``; refuses another architecture by the first differing weight."""
+    fitted = keras.models.load_model(warm_start.generator_path, compile=False,
+                                     custom_objects={"ConcatLabelMaps":
+                                                     networks.ConcatLabelMaps})
+    ours, theirs = generator.get_weights(), fitted.get_weights()
+    if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs)):
+        raise WarmStartError(
+            f"the generator of {warm_start.path} has weights of shapes "
+            f"{[w.shape for w in theirs]}, this run's {[w.shape for w in ours]}")
+    generator.set_weights(theirs)
+
