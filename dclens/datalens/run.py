@@ -547,7 +547,12 @@ class _Training:
             tf.summary.image("samples/by_class", class_grid(
                 lens.generate_released, lens.shape, config.train.z_dim, lens.seeds)[None])
         self.writer.flush()
-        log(f"done: {summary.steps} steps, {summary.queries} TopAgg queries, stopped by "
+        warm = (0 if lens.warm_start is None or config.train.non_private
+                else lens.warm_start.queries)
+        queries = (f"{summary.queries} TopAgg queries" if not warm else
+                   f"{summary.queries - warm} TopAgg queries after the warm start's "
+                   f"{warm} release(s)")
+        log(f"done: {summary.steps} steps, {queries}, stopped by "
             f"{stop_reason}; {_spent(config, epsilon)}; {summary.seconds:.0f} s. Outputs in "
             f"{output_dir}")
         return summary
