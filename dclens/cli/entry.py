@@ -39,3 +39,8 @@ def gswgan() -> int:
 def dpsgd() -> int:
     """``dclens-dpsgd``: DP-SGD, TopAgg for DP-SGD, GEP."""
     return run("dpsgd")
+
+
+def merf() -> int:
+    """``dclens-merf``: DP-MERF, and the warm start of a DataLens run."""
+    return run("merf")
