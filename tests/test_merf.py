@@ -371,3 +371,35 @@ def test_the_clis_and_resume_know_the_warm_start(merf_run):
     old = datalens_config("d", None).to_dict()
     del old["train"]["warm_start"]              # a run from before the option resumes
     assert resume.resume_differences(old, datalens_config("d", None)) == []
+
+
+# ------------------------------------------------------------------ results/beyond
+
+def _write(path, record):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_the_beyond_readme_groups_merf_runs_over_seeds_and_shows_the_screen(tmp_path):
+    from dclens.experiments import beyond
+    for seed, (val, sen, agreement, fid, eps) in enumerate(
+            [(0.70, 0.72, 0.6, 50.0, 0.9990), (0.80, 0.82, 0.8, 60.0, 0.9995)], start=1):
+        folder = tmp_path / "merf" / f"fashion_mnist-merf-eps1-private-lr3e-5-seed{seed}"
+        _write(folder / "evaluation.json", {
+            "protocols": {"val": {"accuracy": val}, "sen": {"accuracy": sen}},
+            "quality": {"label_agreement": agreement, "fid": fid}})
+        _write(folder / "privacy.json", {"epsilon": {"epsilon": eps}, "conversion": "pld",
+                                         "training_records": "private"})
+    _write(tmp_path / "rescored" / "warm-start" / "summary.json", {"rows": [
+        {"schedule": {"learning_rate": 3e-5}, "val": [0.68, 0.70]},
+        {"schedule": {"learning_rate": 1e-3}, "val": [0.1]}]})
+    (row,) = beyond.merf_rows(str(tmp_path))
+    assert row["name"] == "fashion_mnist-merf-eps1-private-lr3e-5" and row["runs"] == 2
+    assert row["val"][1] == pytest.approx(0.75) and row["val"][2] == pytest.approx(0.0707107)
+    assert row["epsilon"] == 0.9995
+    text = "\n".join(beyond._merf_lines(str(tmp_path), 3e-5))
+    assert ("| `fashion_mnist-merf-eps1-private-lr3e-5` | 2 | 0.7500 +- 0.0707 (2 runs) | "
+            "0.7700 +- 0.0707 (2 runs) | 0.700 +- 0.141 (2 runs) | 55.0 +- 7.1 (2 runs) | "
+            "1.000 | pld | private |") in text
+    assert f"| {beyond.MERF_SCREEN_GROUPS['warm-start']} | 0.690 +- 0.014 (2 runs) |" in text
+    assert beyond._merf_lines(str(tmp_path / "empty"), 3e-5) == []

@@ -1,6 +1,6 @@
 """``results/beyond/README.md``: DataLens beyond the paper, generated from the reports.
 
-Four parts, each read from files the runs wrote (nothing typed in by hand):
+Five parts, each read from files the runs wrote (nothing typed in by hand):
 
 1. the faithful reproduction at the paper scale (the Table 1 reports of the index
    partition under ``results/``: :func:`dclens.experiments.table1.collect`), the baseline;
@@ -10,7 +10,9 @@ Four parts, each read from files the runs wrote (nothing typed in by hand):
 3. the screen: every levers table (``table.json`` of ``scripts/tables.py --table levers``)
    under ``results/beyond/``, one row per lever with its change against the table's
    first row (the paper's settings);
-4. the downstream classifier's schedule: every ``summary.json`` of
+4. DP-MERF at the paper scale (``merf/<run>/evaluation.json`` and ``privacy.json``) and
+   its screen rows (``rescored/<group>/summary.json`` of :data:`MERF_SCREEN_GROUPS`);
+5. the downstream classifier's schedule: every ``summary.json`` of
    ``scripts/tune_classifier.py`` under ``results/beyond/classifier/`` (candidates scored
    on screening runs' samples, the chosen one marked).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 import re
 
@@ -245,6 +248,86 @@ def _classifier_lines(beyond_dir: str) -> list[str]:
     return lines
 
 
+#: Where DP-MERF's paper-scale evaluations go (``merf/<run>/evaluation.json`` beside the
+#: run's ``privacy.json``), and the screen's rescored groups of the DP-MERF rows, in order.
+MERF_DIR = "merf"
+MERF_SCREEN_GROUPS = {
+    "merf-alone": "DP-MERF alone, the whole budget (one release, z = 3.73)",
+    "merf-share0.2": "DP-MERF alone with a fifth of the budget's mu^2 (z = 8.34)",
+    "warm-start": "DataLens warm-started from that fifth (pld; TopAgg gets the other four "
+                  "fifths: 119 steps)",
+}
+
+
+def merf_rows(beyond_dir: str) -> list[dict]:
+    """DP-MERF's paper-scale runs (``merf/<run>/``), grouped by the run's name without
+    its ``-seed<N>``: mean +- sd of ``val``, ``sen``, label agreement and FID."""
+    groups: dict[str, list[tuple[dict, dict]]] = {}
+    for path in sorted(glob.glob(os.path.join(beyond_dir, MERF_DIR, "*", "evaluation.json"))):
+        folder = os.path.dirname(path)
+        name = re.sub(r"-seed\d+$", "", os.path.basename(folder))
+        groups.setdefault(name, []).append(
+            (_read(path), _read(os.path.join(folder, "privacy.json"))))
+    rows = []
+    for name, runs in groups.items():
+        evaluations = [evaluation for evaluation, _ in runs]
+        privacy = [record for _, record in runs]
+        rows.append({
+            "name": name, "runs": len(runs),
+            "val": reporting.mean_sd(e["protocols"]["val"]["accuracy"] for e in evaluations),
+            "sen": reporting.mean_sd(e["protocols"]["sen"]["accuracy"] for e in evaluations),
+            "label_agreement": reporting.mean_sd(
+                e["quality"]["label_agreement"] for e in evaluations if e.get("quality")),
+            "fid": reporting.mean_sd(e["quality"]["fid"] for e in evaluations
+                                     if e.get("quality")),
+            "epsilon": max(p["epsilon"]["epsilon"] for p in privacy),
+            "conversion": privacy[0]["conversion"],
+            "records": privacy[0]["training_records"]})
+    return rows
+
+
+def merf_screen_rows(beyond_dir: str, rate: float) -> list[tuple[str, tuple]]:
+    """(label, ``val`` mean +- sd) of each DP-MERF screen group rescored at ``rate``."""
+    rows = []
+    for group, label in MERF_SCREEN_GROUPS.items():
+        path = os.path.join(beyond_dir, RESCORED_DIR, group, "summary.json")
+        if not os.path.exists(path):
+            continue
+        for row in _read(path)["rows"]:
+            if math.isclose(row["schedule"]["learning_rate"], rate):
+                rows.append((label, reporting.mean_sd(row["val"])))
+    return rows
+
+
+def _merf_lines(beyond_dir: str, rate: float | None) -> list[str]:
+    paper_scale = merf_rows(beyond_dir)
+    screen = [] if rate is None else merf_screen_rows(beyond_dir, rate)
+    if not paper_scale and not screen:
+        return []
+    lines = ["## DP-MERF: alone, and as DataLens' warm start", "",
+             "One Gaussian release of the records' class-conditional mean embedding in "
+             "random Fourier features (sensitivity 2 for replacing one record), and "
+             "DataLens' generator fitted to it ([docs/merf.md](../../docs/merf.md), "
+             f"[merf/README.md](./{MERF_DIR}/README.md)); chosen on the tuning split like "
+             "every lever. Scored like the rows above (`val`, classifier lr "
+             f"{rate if rate is not None else 'default'}, 20,000 samples)."]
+    if paper_scale:
+        lines += ["", "| configuration | runs | `val` | `sen` | label agreement | FID | "
+                  "epsilon | accountant | records |", "|---|---|---|---|---|---|---|---|---|"]
+        for row in paper_scale:
+            lines.append(f"| `{row['name']}` | {row['runs']} | {_stat(row['val'])} | "
+                         f"{_stat(row['sen'])} | {_stat(row['label_agreement'], 3)} | "
+                         f"{_stat(row['fid'], 1)} | {_cell(row['epsilon'], 3)} | "
+                         f"{row['conversion']} | {row['records']} |")
+    if screen:
+        lines += ["", "At the screen (noise-matched 200-teacher scale, tuning split; the "
+                  "DP-MERF release's noise x 0.05 like TopAgg's, so its mean embedding is "
+                  "as noisy as on 60,000 records; against the paper's settings' row above):",
+                  "", "| screen row | `val` |", "|---|---|"]
+        lines += [f"| {label} | {_stat(stat, 3)} |" for label, stat in screen]
+    return lines + [""]
+
+
 def _stat(stat: tuple[int, float | None, float | None], digits: int = 4) -> str:
     n, mean, sd = stat
     if n == 0 or mean is None:
@@ -362,6 +445,7 @@ def render(results_dir: str, beyond_dir: str) -> str:
                          f"{_cell(row['epsilon'])} | {row['steps']} | "
                          f"{_row_conversion(row)} |")
         lines.append("")
+    lines += _merf_lines(beyond_dir, rate)
     lines += _classifier_lines(beyond_dir)
     return "\n".join(lines).rstrip() + "\n"
 

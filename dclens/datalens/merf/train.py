@@ -98,8 +98,8 @@ def _write_release(path: str, total: np.ndarray, *, records: int, z: float,
 
 
 def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: float,
-                   records: int, lost: int) -> dict:
-    """privacy.json of a DP-MERF run."""
+                   records: int, source: str, lost: int) -> dict:
+    """privacy.json of a DP-MERF run (``source``: which records, from the loader)."""
     seeded = config.seed is not None
     return {
         "private": True, "reproducible_noise": seeded, "delta": config.delta,
@@ -110,9 +110,7 @@ def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: floa
         "unit": "replacing one training record",
         "sensitivity": mechanism.SENSITIVITY, "noise_multiplier": z,
         "noise_scale": config.noise_scale, "records": records,
-        "training_records": splits.describe(config.training_records, records)
-        if config.training_records is splits.TrainingRecords.ALL else
-        config.training_records.value,
+        "training_records": config.training_records.value, "records_source": source,
         "releases": ledger.queries, "lost_releases": lost,
         "ledger": ledger.state_dict(),
         "accounting_proven": True,
@@ -187,7 +185,8 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
     export.write_grid_png(os.path.join(paths.root, "samples.png"),
                           export.image_grid(rows, classes, 10),
                           title="DP-MERF samples (a row per class)")
-    privacy = privacy_record(config, journal.ledger, z, n, journal.lost_queries)
+    privacy = privacy_record(config, journal.ledger, z, n, records.source,
+                             journal.lost_queries)
     export.write_json(paths.privacy, privacy)
     report = {"kind": "merf", "records": n, "noise_multiplier": z,
               "epsilon": privacy["epsilon"], "fit_losses_first_last": [
