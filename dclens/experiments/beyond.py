@@ -308,8 +308,9 @@ def _merf_lines(beyond_dir: str, rate: float | None) -> list[str]:
              "One Gaussian release of the records' class-conditional mean embedding in "
              "random Fourier features (sensitivity 2 for replacing one record), and "
              "DataLens' generator fitted to it ([docs/merf.md](../../docs/merf.md), "
-             f"[merf/README.md](./{MERF_DIR}/README.md)); chosen on the tuning split like "
-             "every lever. Scored like the rows above (`val`, classifier lr "
+             f"[merf/README.md](./{MERF_DIR}/README.md)); its settings were fixed before "
+             "any run, and only the tuning split was looked at before the private runs. "
+             "Scored like the rows above (`val`, classifier lr "
              f"{rate if rate is not None else 'default'}, 20,000 samples)."]
     if paper_scale:
         lines += ["", "| configuration | runs | `val` | `sen` | label agreement | FID | "
