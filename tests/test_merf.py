@@ -396,7 +396,10 @@ def test_the_beyond_readme_groups_merf_runs_over_seeds_and_shows_the_screen(tmp_
     (row,) = beyond.merf_rows(str(tmp_path))
     assert row["name"] == "fashion_mnist-merf-eps1-private-lr3e-5" and row["runs"] == 2
     assert row["val"][1] == pytest.approx(0.75) and row["val"][2] == pytest.approx(0.0707107)
-    assert row["epsilon"] == 0.9995
+    assert row["epsilon"] == 0.9995 and row["eps"] == 1
+    readme = beyond.render(str(tmp_path / "no-results"), str(tmp_path))
+    assert ("| DP-MERF alone (`fashion_mnist-merf-eps1-private-lr3e-5`, [below](#dp-merf-"
+            "alone-and-as-datalens-warm-start)) | 1 | 2 | 0.7500 +- 0.0707 (2 runs) |") in readme
     text = "\n".join(beyond._merf_lines(str(tmp_path), 3e-5))
     assert ("| `fashion_mnist-merf-eps1-private-lr3e-5` | 2 | 0.7500 +- 0.0707 (2 runs) | "
             "0.7700 +- 0.0707 (2 runs) | 0.700 +- 0.141 (2 runs) | 55.0 +- 7.1 (2 runs) | "

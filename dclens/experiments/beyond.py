@@ -272,8 +272,9 @@ def merf_rows(beyond_dir: str) -> list[dict]:
     for name, runs in groups.items():
         evaluations = [evaluation for evaluation, _ in runs]
         privacy = [record for _, record in runs]
+        budget = re.search(r"-eps(\d+)-", name)
         rows.append({
-            "name": name, "runs": len(runs),
+            "name": name, "runs": len(runs), "eps": int(budget.group(1)) if budget else None,
             "val": reporting.mean_sd(e["protocols"]["val"]["accuracy"] for e in evaluations),
             "sen": reporting.mean_sd(e["protocols"]["sen"]["accuracy"] for e in evaluations),
             "label_agreement": reporting.mean_sd(
@@ -384,6 +385,12 @@ def render(results_dir: str, beyond_dir: str) -> str:
     tuned = tuned_rows(beyond_dir)
     for row in tuned:
         lines.append(f"| `{row['name']}` | {row['eps']} | {len(row['runs'])} | "
+                     f"{_stat(row['val'])} | {_stat(row['sen'])} | "
+                     f"{_stat(row['label_agreement'], 3)} | {_cell(row['epsilon'], 3)} | "
+                     f"{row['conversion']} | {row['records']} |")
+    for row in merf_rows(beyond_dir):
+        lines.append(f"| DP-MERF alone (`{row['name']}`, [below](#dp-merf-alone-and-as-"
+                     f"datalens-warm-start)) | {row['eps'] or '--'} | {row['runs']} | "
                      f"{_stat(row['val'])} | {_stat(row['sen'])} | "
                      f"{_stat(row['label_agreement'], 3)} | {_cell(row['epsilon'], 3)} | "
                      f"{row['conversion']} | {row['records']} |")
