@@ -25,13 +25,10 @@ import keras
 from dclens.datalens import networks
 from dclens.privacy import accounting
 
-#: What a warm start must match in the DP-MERF run's config (name in the DataLens
-#: train config -> name in the DP-MERF config).
-SAME_RECORDS = {"dataset": "dataset", "training_records": "training_records",
-                "max_records": "max_records"}
-SAME_GENERATOR = {"z_dim": "z_dim", "generator_filters": "generator_filters",
-                  "generator_dense": "generator_dense",
-                  "generator_upsampling": "generator_upsampling"}
+#: What a warm start must match in the DP-MERF run's config (the same names in the
+#: DataLens train config): the records it read and its generator.
+SAME_SETTINGS = ("dataset", "training_records", "max_records", "z_dim",
+                 "generator_filters", "generator_dense", "generator_upsampling")
 
 
 class WarmStartError(ValueError):
@@ -40,12 +37,11 @@ class WarmStartError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    """A checked DP-MERF run: its folder, its spends (``(noise multiplier, count)``
-    runs), and whether its noise is reproducible."""
+    """A checked DP-MERF run: its folder and its spends (``(noise multiplier, count)``
+    runs)."""
 
     path: str
     spends: tuple[tuple[float, int], ...]
-    seeded: bool
 
     @property
     def queries(self) -> int:
@@ -85,18 +81,17 @@ def open_warm_start(path: str, train_config) -> WarmStart:
         raise WarmStartError(f"{path} is a {saved.get('kind')!r} run, not a DP-MERF run "
                              f"(kind 'merf', written by scripts/merf.py)")
     merf = saved.get("config", {})
-    for ours, theirs in {**SAME_RECORDS, **SAME_GENERATOR}.items():
-        if merf.get(theirs) != _value(train_config, ours):
+    for name in SAME_SETTINGS:
+        if merf.get(name) != _value(train_config, name):
             raise WarmStartError(
-                f"the DP-MERF run {path} has {theirs} = {merf.get(theirs)!r} but this run "
-                f"{ours} = {_value(train_config, ours)!r}: a warm start must read the same "
+                f"the DP-MERF run {path} has {name} = {merf.get(name)!r} but this run "
+                f"{name} = {_value(train_config, name)!r}: a warm start must read the same "
                 f"records with the same generator; rerun scripts/merf.py with "
-                f"--{theirs} {_value(train_config, ours)}")
+                f"--{name} {_value(train_config, name)}")
     if not os.path.exists(os.path.join(path, "report.json")):
         raise WarmStartError(f"the DP-MERF run {path} is not finished (no report.json): "
                              f"run its command again to finish it")
-    seeded = bool(saved.get("reproducible_noise"))
-    if seeded and train_config.seed is None:
+    if saved.get("reproducible_noise") and train_config.seed is None:
         raise WarmStartError(
             f"the DP-MERF run {path} was seeded (--seed): its noise is reproducible, so a "
             f"run started from it is not private; seed this run too (tests, debugging) or "
@@ -110,7 +105,7 @@ def open_warm_start(path: str, train_config) -> WarmStart:
                    for spend in ledger.state_dict()["spends"])
     if not spends:
         raise WarmStartError(f"the DP-MERF run {path} has spent nothing: it is not finished")
-    return WarmStart(os.path.abspath(path), spends, seeded)
+    return WarmStart(os.path.abspath(path), spends)
 
 
 def load_generator(generator: keras.Model, warm_start: WarmStart) -> None:

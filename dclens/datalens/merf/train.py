@@ -37,26 +37,13 @@ GENERATOR_FILE = "generator.keras"
 
 def calibrated_noise_multiplier(target_eps: float, delta: float,
                                 conversion: accounting.Conversion) -> float:
-    """The smallest noise multiplier z (to 1e-9 relative) for which one Gaussian mechanism
-    costs at most ``target_eps`` at ``delta`` under ``conversion``."""
-    def epsilon(z: float) -> float:
-        ledger = accounting.PrivacyLedger(delta=delta, conversion=conversion)
-        ledger.spend(mechanism.event(z))
-        return ledger.epsilon().epsilon
-
-    low, high = 1e-3, 1.0
-    while epsilon(high) > target_eps:
-        low, high = high, 2 * high
-        if high > 1e9:
-            raise ValueError(f"no noise multiplier reaches epsilon {target_eps!r} at "
-                             f"delta {delta!r}")
-    while (high - low) > 1e-9 * high:
-        middle = (low + high) / 2
-        if epsilon(middle) > target_eps:
-            low = middle
-        else:
-            high = middle
-    return high
+    """The smallest noise multiplier z for which the release alone costs at most
+    ``target_eps`` at ``delta`` under ``conversion``.  The release is one Gaussian
+    mechanism of sensitivity 2, i.e. one TopAgg call with k = 1: TopAgg's calibrated sigma
+    is the release's noise std 2 z."""
+    sigma = accounting.calibrate_sigma(target_epsilon=target_eps, topk=1, queries_per_step=1,
+                                       steps=1, delta=delta, conversion=conversion)
+    return sigma / mechanism.SENSITIVITY
 
 
 def noise_multiplier(config: MerfConfig) -> float:
@@ -175,12 +162,13 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
                                log_every=config.log_every)
     with export.atomic_path(os.path.join(paths.root, GENERATOR_FILE)) as temporary:
         generator.save(temporary)
-    images, labels = sample_generator(generator_function(generator), shape, config.z_dim,
-                                      config.num_samples, seeds=seeds, batch=500)
+    render = generator_function(generator)
+    images, labels = sample_generator(render, shape, config.z_dim, config.num_samples,
+                                      seeds=seeds, batch=500)
     export.write_samples_npz(os.path.join(paths.root, "samples.npz"), images, labels)
     classes = shape.num_classes
-    rows, _ = sample_generator(generator_function(generator), shape, config.z_dim,
-                               classes * 10, seeds=seeds, seed_path=(1,),
+    rows, _ = sample_generator(render, shape, config.z_dim, classes * 10, seeds=seeds,
+                               seed_path=(1,),
                                labels=np.repeat(np.arange(classes), 10))
     export.write_grid_png(os.path.join(paths.root, "samples.png"),
                           export.image_grid(rows, classes, 10),
