@@ -101,6 +101,22 @@ def test_the_norm_bound_holds_by_construction_not_by_arithmetic():
     assert np.all(np.linalg.norm(values, axis=1) <= 1.0 + 1e-15)
     small = np.full((2, 4), 0.1)
     np.testing.assert_array_equal(features_lib.clip_to_unit_norm(small), small)
+    broken = np.array([[np.nan, 0.1, 0.1, 0.1], [np.inf, 0, 0, 0], [0.1, 0.1, 0.1, 0.1]])
+    clipped = features_lib.clip_to_unit_norm(broken)
+    np.testing.assert_array_equal(clipped[:2], 0.0)
+    np.testing.assert_array_equal(clipped[2], broken[2])
+
+
+def test_a_non_finite_record_moves_the_sum_by_at_most_two():
+    rng = np.random.default_rng(8)
+    phi = features_lib.draw(784, 64, 3.0, rng)
+    images, labels = rng.uniform(size=(5, 28, 28, 1)), np.arange(5)
+    base = mechanism.embedding_sum(phi, images, labels, 10)
+    for bad in (np.nan, np.inf, -np.inf):
+        changed = images.copy()
+        changed[0, 3, 3, 0] = bad
+        moved = mechanism.embedding_sum(phi, changed, labels, 10) - base
+        assert np.all(np.isfinite(moved)) and np.linalg.norm(moved) <= 2.0
 
 
 def test_the_features_estimate_the_gaussian_kernel():

@@ -42,9 +42,10 @@ class FourierFeatures:
         if flat.shape[1] != self.input_dim:
             raise ValueError(f"images have {flat.shape[1]} values each, the features were "
                              f"drawn for {self.input_dim}")
-        projected = flat @ self.frequencies.astype(np.float64)
-        return np.sqrt(2.0 / self.dim) * np.concatenate([np.cos(projected),
-                                                         np.sin(projected)], axis=1)
+        with np.errstate(invalid="ignore"):     # a non-finite pixel: cleared by the clip
+            projected = flat @ self.frequencies.astype(np.float64)
+            return np.sqrt(2.0 / self.dim) * np.concatenate([np.cos(projected),
+                                                             np.sin(projected)], axis=1)
 
     def tensor(self, images: tf.Tensor) -> tf.Tensor:
         """phi of a batch of images as float32 [N, D], differentiable (for the fit; what
@@ -56,7 +57,10 @@ class FourierFeatures:
 
 
 def clip_to_unit_norm(rows: np.ndarray) -> np.ndarray:
-    """Each row divided by max(1, its L2 norm): every row's norm is then <= 1."""
+    """Each row divided by max(1, its L2 norm), and a row holding a NaN or an infinity
+    replaced by zeros (as a non-finite teacher gradient is): every row's norm is then
+    <= 1, whatever the input."""
+    rows = np.where(np.all(np.isfinite(rows), axis=1, keepdims=True), rows, 0.0)
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
     return rows / np.maximum(norms, 1.0)
 
