@@ -58,7 +58,7 @@ def test_every_output_is_written(finished_run):
 
 def test_the_run_directory_says_what_is_private_and_where_it_came_from(finished_run):
     """A README naming each file and whether it may be published, PRIVATE markers in the
-    private folders, and the command line, commit and package versions in config.json."""
+    private folders, and the command line, commit, package versions and CPU in config.json."""
     _, _, out = finished_run
     readme = (out / "README.md").read_text()
     assert "`checkpoints/`" in readme and "**no** (PRIVATE)" in readme
@@ -68,6 +68,8 @@ def test_the_run_directory_says_what_is_private_and_where_it_came_from(finished_
     assert provenance["packages"]["tensorflow"] and provenance["python"]
     assert isinstance(provenance["command"], str) and provenance["command"]
     assert provenance["git"] is None or len(provenance["git"]["commit"]) == 40
+    assert provenance["machine"]["cpu"] and provenance["machine"]["cpu_count"] >= 1
+    assert isinstance(provenance["machine"]["cpu_vector_extensions"], list)
 
 
 def test_budget_stops_before_exceeding(finished_run):

@@ -202,3 +202,52 @@ def test_tuned_paper_scale_runs_form_their_own_marked_row_after_the_papers(resul
     (paper_scale / "other-lr" / "report.json").write_text("{")
     assert _cli().main(["--results", str(results), "--print"]) == 2
     assert "other-lr" in capsys.readouterr().err
+
+
+def _merf_records(folder, *, val, sen, epsilon, fid, cpu=None):
+    """A DP-MERF paper-scale record (results/beyond/merf/<run>/), as scripts/merf.py and
+    scripts/evaluate.py write it."""
+    folder.mkdir(parents=True)
+    (folder / "evaluation.json").write_text(json.dumps({
+        "dataset": "fashion_mnist",
+        "protocols": {"val": {"accuracy": val, "epoch": 2}, "sen": {"accuracy": sen}},
+        "curves": {"epoch": [1, 2], "test_accuracy": [0.5, val]},
+        "quality": {"fid": fid, "label_agreement": 0.75,
+                    "per_class": {"intra_fid": 55.0, "spread_ratio": 0.7}}}))
+    (folder / "privacy.json").write_text(json.dumps({
+        "epsilon": {"epsilon": epsilon}, "conversion": "pld", "releases": 1,
+        "training_records": "private"}))
+    provenance = {"git": {"commit": "abcdef0123456789"}}
+    if cpu is not None:
+        provenance["machine"] = {"cpu": cpu, "cpu_vector_extensions": ["avx2", "avx512f"]}
+    (folder / "config.json").write_text(json.dumps({"provenance": provenance}))
+
+
+def test_another_methods_paper_scale_runs_form_their_own_marked_rows_last(results, capsys):
+    """The headline table gains DP-MERF's paper-scale runs (results/beyond/merf/): one row
+    per configuration, marked as another method, after every DataLens row, with no paper
+    value (the paper has no DP-MERF row); the paper-config rows stay as they were."""
+    merf = results / "beyond" / "merf"
+    _merf_records(merf / "fashion_mnist-merf-eps1-private-lr3e-5-seed1", val=0.70, sen=0.72,
+                  epsilon=0.9999, fid=50.0, cpu="AMD EPYC")
+    _merf_records(merf / "fashion_mnist-merf-eps1-private-lr3e-5-seed2", val=0.80, sen=0.82,
+                  epsilon=1.0, fid=46.0)
+    assert _cli().main(["--results", str(results)]) == 0
+    text = (results / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| fashion_mnist, eps")]
+    assert len(rows) == 3
+    assert rows[0].split(" | ")[3] == "0.4000 +- 0.1000 (3 runs)"       # unchanged
+    cells = rows[-1].split(" | ")
+    assert cells[0] == ("| fashion_mnist, eps = 1, **beyond the paper, another method**: "
+                        "DP-MERF, `fashion_mnist-merf-eps1-private-lr3e-5`")
+    assert cells[1:5] == ["--", "2", "0.7500 +- 0.0707 (2 runs)", "0.7700 +- 0.0707 (2 runs)"]
+    assert cells[7] == "48.0 +- 2.8 (2 runs)"
+    assert "A row marked **another method** is not DataLens: DP-MERF" in text
+    assert ("| `beyond/merf/fashion_mnist-merf-eps1-private-lr3e-5-seed1` | 0.9999 (1 release) "
+            "| 0.7000 | 0.7200 |") in text
+    assert "| `abcdef0` | AMD EPYC (AVX-512, AVX2) |" in text
+    assert "| `abcdef0` | not recorded |" in text             # the run without a machine
+    (merf / "fashion_mnist-merf-eps1-private-lr3e-5-seed2" / "privacy.json").write_text("{}")
+    assert _cli().main(["--results", str(results), "--print"]) == 2
+    assert "seed2 is not a readable DP-MERF record (no 'epsilon')" in capsys.readouterr().err
+

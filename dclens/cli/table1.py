@@ -6,7 +6,8 @@
 Reads every report.json under --results whose run is at the paper config, groups them by
 (dataset, epsilon), adds the tuned configurations run at the paper scale (every report in
 <results>/beyond/paper-scale/, one row per configuration, marked "beyond the paper"; see
-results/beyond/README.md), and writes the table (val, sen, the authors' protocol with range 1
+results/beyond/README.md) and another method's runs at the paper scale (DP-MERF:
+<results>/beyond/merf/<run>/, marked "another method"), and writes the table (val, sen, the authors' protocol with range 1
 and 10; mean +- sample sd over runs; one line per run with commit, CPU and generator
 initialisation) between the table1 markers of --markdown, plus a figure of every run's
 real-test accuracy per classifier epoch (table1.png beside it). Reports are made by
@@ -64,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         runs = table1.collect(args.results)
+        beyond_dir = os.path.join(args.results, "beyond")
         tuned = [dataclasses.replace(run, name=f"beyond/{beyond.PAPER_SCALE_DIR}/{run.name}")
-                 for run in beyond.tuned_runs(os.path.join(args.results, "beyond"))]
+                 for run in beyond.tuned_runs(beyond_dir)]
+        tuned += [dataclasses.replace(run, name=f"beyond/{beyond.MERF_DIR}/{run.name}")
+                  for run in beyond.merf_runs(beyond_dir)]
     except table1.ReportError as error:
         print(f"table1.py: error: {error}", file=sys.stderr)
         return 2

@@ -4,11 +4,13 @@ packages that decide its numbers, recorded in every run's config.json."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import shlex
 import subprocess
 import sys
 
+from dclens.common import machine
 from dclens.common.paths import REPO_ROOT
 
 #: The packages whose versions are recorded.
@@ -44,7 +46,12 @@ def commit() -> dict[str, object] | None:
 
 
 def provenance() -> dict[str, object]:
-    """{"command", "git", "python", "packages"} for config.json."""
+    """{"command", "git", "python", "packages", "machine"} for config.json; "machine" is
+    the CPU by name, its vector extensions and its core count (they decide TF's float32
+    bits and the run's speed)."""
     return {"command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
             "git": commit(), "python": platform.python_version(),
-            "packages": {name: _version(name) for name in PACKAGES}}
+            "packages": {name: _version(name) for name in PACKAGES},
+            "machine": {"cpu": machine.cpu_model_name(),
+                        "cpu_vector_extensions": machine.cpu_vector_extensions(),
+                        "cpu_count": os.cpu_count()}}

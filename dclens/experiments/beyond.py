@@ -259,31 +259,85 @@ MERF_SCREEN_GROUPS = {
 }
 
 
-def merf_rows(beyond_dir: str) -> list[dict]:
-    """DP-MERF's paper-scale runs (``merf/<run>/``), grouped by the run's name without
-    its ``-seed<N>``: mean +- sd of ``val``, ``sen``, label agreement and FID."""
-    groups: dict[str, list[tuple[dict, dict]]] = {}
+#: DP-MERF's name in the rows it shares with DataLens (results/README.md's table).
+MERF_METHOD = "DP-MERF"
+
+
+def merf_runs(beyond_dir: str) -> list[table1.RunFacts]:
+    """DP-MERF's paper-scale runs (``merf/<run>/evaluation.json`` beside the run's
+    ``privacy.json`` and ``config.json``), in folder order, as Table 1's runs: their
+    :attr:`~dclens.experiments.table1.RunFacts.configuration` is the run's name without
+    its ``-seed<N>``, their epsilon the release's and their "steps" its releases.
+
+    Raises:
+      table1.ReportError: a record cannot be read or lacks a field (named).
+    """
+    runs = []
     for path in sorted(glob.glob(os.path.join(beyond_dir, MERF_DIR, "*", "evaluation.json"))):
         folder = os.path.dirname(path)
-        name = re.sub(r"-seed\d+$", "", os.path.basename(folder))
-        groups.setdefault(name, []).append(
-            (_read(path), _read(os.path.join(folder, "privacy.json"))))
+        try:
+            runs.append(_merf_facts(folder, _read(path),
+                                    _read(os.path.join(folder, "privacy.json"))))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            problem = f"no {error}" if isinstance(error, KeyError) else str(error)
+            raise table1.ReportError(
+                f"{folder} is not a readable DP-MERF record ({problem}); restore its "
+                "evaluation.json and privacy.json from the run (scripts/merf.py, "
+                "scripts/evaluate.py), or move the folder out of results/beyond/merf") from error
+    return runs
+
+
+def _merf_facts(folder: str, evaluation: dict, privacy: dict) -> table1.RunFacts:
+    name = os.path.basename(folder)
+    configuration = re.sub(r"-seed\d+$", "", name)
+    config_path = os.path.join(folder, "config.json")
+    config = _read(config_path) if os.path.exists(config_path) else {}
+    budget = re.search(r"-eps(\d+)-", configuration)
+    quality = evaluation.get("quality") or {}
+    per_class = quality.get("per_class") or {}
+    curve = evaluation.get("curves") or {}
+    curves = ({"val": {"epoch": curve["epoch"], "test": curve["test_accuracy"],
+                       "chosen": evaluation["protocols"]["val"]["epoch"]}}
+              if curve.get("epoch") else {})
+    provenance = config.get("provenance") or {}
+    commit = (provenance.get("git") or {}).get("commit") or "unknown"
+    return table1.RunFacts(
+        name=name, dataset=evaluation.get("dataset") or config.get("config", {}).get(
+            "dataset", "fashion_mnist"),
+        eps=(int(budget.group(1)) if budget
+             else round(privacy["epsilon"]["epsilon"])),
+        paper=None,
+        accuracy={"val": evaluation["protocols"]["val"]["accuracy"],
+                  "sen": evaluation["protocols"]["sen"]["accuracy"]},
+        unfinished={}, epsilon=privacy["epsilon"]["epsilon"],
+        steps=privacy.get("releases", 1), commit=commit[:7],
+        cpu=table1.cpu_label(provenance.get("machine")),
+        generator_init="independent seed per layer", partition="--", fake_rendering="--",
+        curves=curves, fid=quality.get("fid"), label_agreement=quality.get("label_agreement"),
+        intra_fid=per_class.get("intra_fid"), spread_ratio=per_class.get("spread_ratio"),
+        configuration=configuration, method=MERF_METHOD)
+
+
+def merf_rows(beyond_dir: str) -> list[dict]:
+    """DP-MERF's paper-scale runs (:func:`merf_runs`) grouped by their configuration:
+    mean +- sd of ``val``, ``sen``, label agreement and FID."""
+    groups: dict[str, list[tuple[table1.RunFacts, dict]]] = {}
+    for facts in merf_runs(beyond_dir):
+        privacy = _read(os.path.join(beyond_dir, MERF_DIR, facts.name, "privacy.json"))
+        groups.setdefault(facts.configuration, []).append((facts, privacy))
     rows = []
     for name, runs in groups.items():
-        evaluations = [evaluation for evaluation, _ in runs]
-        privacy = [record for _, record in runs]
-        budget = re.search(r"-eps(\d+)-", name)
+        facts = [run for run, _ in runs]
         rows.append({
-            "name": name, "runs": len(runs), "eps": int(budget.group(1)) if budget else None,
-            "val": reporting.mean_sd(e["protocols"]["val"]["accuracy"] for e in evaluations),
-            "sen": reporting.mean_sd(e["protocols"]["sen"]["accuracy"] for e in evaluations),
-            "label_agreement": reporting.mean_sd(
-                e["quality"]["label_agreement"] for e in evaluations if e.get("quality")),
-            "fid": reporting.mean_sd(e["quality"]["fid"] for e in evaluations
-                                     if e.get("quality")),
-            "epsilon": max(p["epsilon"]["epsilon"] for p in privacy),
-            "conversion": privacy[0]["conversion"],
-            "records": privacy[0]["training_records"]})
+            "name": name, "runs": len(runs), "eps": facts[0].eps,
+            "val": reporting.mean_sd(f.accuracy["val"] for f in facts),
+            "sen": reporting.mean_sd(f.accuracy["sen"] for f in facts),
+            "label_agreement": reporting.mean_sd(f.label_agreement for f in facts
+                                                 if f.label_agreement is not None),
+            "fid": reporting.mean_sd(f.fid for f in facts if f.fid is not None),
+            "epsilon": max(f.epsilon for f in facts),
+            "conversion": runs[0][1]["conversion"],
+            "records": runs[0][1]["training_records"]})
     return rows
 
 

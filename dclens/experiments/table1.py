@@ -28,6 +28,9 @@ from dclens.datalens import config as cfg
 from dclens.common import export
 from dclens.common.reporting import mean_sd, write_marked_section
 
+#: The method of a row whose :attr:`RunFacts.method` is not given: the paper's.
+DATALENS = "DataLens"
+
 BEGIN_MARK = "<!-- table1:begin (written by scripts/table1.py; edit outside the markers) -->"
 END_MARK = "<!-- table1:end -->"
 
@@ -65,13 +68,14 @@ class RunFacts:
     intra_fid: float | None = None            # mean over classes of the class's FID
     spread_ratio: float | None = None         # mean over classes of its spread / the real one
     configuration: str = ""                   # "" the paper's; else a tuned one's name
+    method: str = DATALENS                    # another method's rows sort after DataLens'
 
     @property
-    def row_key(self) -> tuple[str, str, int, str, str]:
-        """Runs are averaged only with runs of the same row, fidelity options and
-        configuration (the paper's settings sort first)."""
-        return (self.configuration, self.dataset, self.eps, self.partition,
-                self.fake_rendering)
+    def row_key(self) -> tuple[bool, str, str, str, int, str, str]:
+        """Runs are averaged only with runs of the same method, row, fidelity options and
+        configuration (DataLens first, the paper's settings first within it)."""
+        return (self.method != DATALENS, self.method, self.configuration, self.dataset,
+                self.eps, self.partition, self.fake_rendering)
 
 
 class ReportError(ValueError):
@@ -127,13 +131,6 @@ def _facts(path: str, report: dict) -> RunFacts:
                        "chosen": entry["epoch"]}
     train = report.get("config", {}).get("train", {})
     quality = report.get("quality") or {}
-    machine = report["provenance"].get("machine", {})
-    cpu = machine.get("cpu") or "not recorded"
-    extensions = machine.get("cpu_vector_extensions") or []
-    widest = [label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"),
-                                        ("avx2", "AVX2")) if flag in extensions]
-    if widest:
-        cpu += f" ({', '.join(widest[:2])})"
     return RunFacts(
         name=os.path.basename(os.path.dirname(os.path.abspath(path))),
         dataset=report["dataset"], eps=report["eps"],
@@ -141,7 +138,7 @@ def _facts(path: str, report: dict) -> RunFacts:
         epsilon=(report["privacy"].get("epsilon") or {}).get("epsilon"),
         steps=report["privacy"].get("steps"),
         commit=(report["provenance"].get("commit") or "unknown")[:7],
-        cpu=cpu,
+        cpu=cpu_label(report["provenance"].get("machine")),
         generator_init=report.get("generator_init") or "not recorded",
         partition=cfg.partition_kind(train),
         fake_rendering=train.get("fake_rendering", cfg.FakeRendering.CLASS_GRID.value),
@@ -149,6 +146,19 @@ def _facts(path: str, report: dict) -> RunFacts:
         label_agreement=quality.get("label_agreement"),
         intra_fid=(quality.get("per_class") or {}).get("intra_fid"),
         spread_ratio=(quality.get("per_class") or {}).get("spread_ratio"))
+
+
+def cpu_label(machine: dict | None) -> str:
+    """The CPU of a run's recorded machine by name, with its two widest vector extensions
+    (e.g. "AMD EPYC (AVX-512, AVX2)"); "not recorded" for a run that did not record it."""
+    machine = machine or {}
+    cpu = machine.get("cpu") or "not recorded"
+    extensions = machine.get("cpu_vector_extensions") or []
+    widest = [label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"),
+                                        ("avx2", "AVX2")) if flag in extensions]
+    if widest:
+        cpu += f" ({', '.join(widest[:2])})"
+    return cpu
 
 
 def collect(results_dir: str) -> list[RunFacts]:
@@ -173,14 +183,16 @@ def summarise(runs: list[RunFacts]) -> list[dict]:
         n, mean, sd = mean_sd(v for v in values if v is not None)
         return {"n": n, "mean": mean, "sd": sd}
 
-    rows: dict[tuple[str, str, int, str, str], list[RunFacts]] = {}
+    rows: dict[tuple, list[RunFacts]] = {}
     for run in runs:
         rows.setdefault(run.row_key, []).append(run)
     out = []
-    for (configuration, dataset, eps, partition, rendering), members in sorted(rows.items()):
-        out.append({"dataset": dataset, "eps": eps, "partition": partition,
-                    "fake_rendering": rendering, "configuration": configuration,
-                    "paper": members[0].paper,
+    for _, members in sorted(rows.items()):
+        first = members[0]
+        out.append({"dataset": first.dataset, "eps": first.eps, "partition": first.partition,
+                    "fake_rendering": first.fake_rendering,
+                    "configuration": first.configuration, "method": first.method,
+                    "paper": first.paper,
                     "runs": [r.name for r in members],
                     "protocols": {key: stat(r.accuracy.get(key) for r in members)
                                   for key, _ in PROTOCOLS},
@@ -191,6 +203,9 @@ def summarise(runs: list[RunFacts]) -> list[dict]:
 
 
 def _row_label(row: dict) -> str:
+    if row.get("method", DATALENS) != DATALENS:
+        return (f"{row['dataset']}, eps = {row['eps']}, **beyond the paper, another "
+                f"method**: {row['method']}, `{row['configuration']}`")
     label = (f"{row['dataset']}, eps = {row['eps']}, "
              + ("index partition" if row["partition"] == "index" else
                 "class-balanced partition (the authors'; epsilon NOT a proven guarantee)"))
@@ -222,7 +237,8 @@ def render(runs: list[RunFacts], figure: str | None = None) -> str:
              + " | " + " | ".join(h for _, h, _ in QUALITY) + " |",
              "|---" * (3 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for row in summarise(runs):
-        lines.append(f"| {_row_label(row)} | {row['paper']:.4f} | {len(row['runs'])} | "
+        paper = "--" if row["paper"] is None else f"{row['paper']:.4f}"
+        lines.append(f"| {_row_label(row)} | {paper} | {len(row['runs'])} | "
                      + " | ".join(_cell(row["protocols"][k]) for k, _ in PROTOCOLS) + " | "
                      + " | ".join(_cell(row["quality"][k], digits, "not measured")
                                   for k, _, digits in QUALITY) + " |")
@@ -238,13 +254,21 @@ def render(runs: list[RunFacts], figure: str | None = None) -> str:
                  "scale (`results/beyond/README.md`: chosen on a tuning split its runs never "
                  "read; the name says its settings and the classifier schedule that scored "
                  "it), its runs listed below by folder under `results/`."
-                 if any(run.configuration for run in runs) else ""), "",
+                 if any(run.configuration for run in runs) else "")
+              + (" A row marked **another method** is not DataLens: "
+                 + ", ".join(sorted({run.method for run in runs if run.method != DATALENS}))
+                 + " on the same private records, with the same accountant and the same "
+                 "evaluation (`results/beyond/README.md` says how it was run; it has no "
+                 "teachers, so no partition or fake batches)."
+                 if any(run.method != DATALENS for run in runs) else ""), "",
               "| run (`results/...`) | epsilon (steps) | " + " | ".join(h for _, h in PROTOCOLS)
               + " | " + " | ".join(h for _, h, _ in QUALITY)
               + " | partition | fake batches | generator init | commit | CPU |",
               "|---" * (7 + len(PROTOCOLS) + len(QUALITY)) + "|"]
     for run in runs:
-        eps = "--" if run.epsilon is None else f"{run.epsilon:.4f} ({run.steps})"
+        steps = (f"{run.steps}" if run.method == DATALENS
+                 else f"{run.steps} release{'s' if run.steps != 1 else ''}")
+        eps = "--" if run.epsilon is None else f"{run.epsilon:.4f} ({steps})"
         lines.append(f"| `{run.name}` | {eps} | "
                      + " | ".join(_value(run, k) for k, _ in PROTOCOLS) + " | "
                      + " | ".join("--" if v is None else f"{v:.{d}f}" for v, d in
