@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -247,6 +248,36 @@ def test_a_release_lost_in_a_crash_is_spent_again_and_a_finished_run_is_not_redo
     # finished: a repeat reads the report and spends nothing
     merf_train.train_merf(config, str(out), log=_quiet)
     assert json.loads((out / "privacy.json").read_text())["releases"] == 2
+
+
+def test_a_finished_run_draws_another_number_of_samples_from_its_generator_at_no_cost(
+        tiny_fmnist_dir, tmp_path):
+    """--num_samples on a finished run: the saved generator (post-processing of the
+    release) draws the new number; the release, the ledger and the generator stay as they
+    were, and the same labels come from the same stream as in a fresh run of that size."""
+    out = tmp_path / "run"
+    config = merf_config(tiny_fmnist_dir, fit_steps=1)
+    merf_train.train_merf(config, str(out), log=_quiet)
+    untouched = {name: (out / name).read_bytes() for name in
+                 ("privacy.json", "release.npz", "generator.keras", "ledger.json")}
+    lines = []
+    report = merf_train.train_merf(dataclasses.replace(config, num_samples=35), str(out),
+                                   log=lines.append)
+    samples = np.load(out / "samples.npz")
+    assert samples["x"].shape == (35, 28, 28, 1) and report["num_samples"] == 35
+    assert json.loads((out / "report.json").read_text())["num_samples"] == 35
+    assert "drew 35 samples from its fitted generator instead of 20" in lines[-1]
+    assert "no new spend" in lines[-1]
+    assert {name: (out / name).read_bytes() for name in untouched} == untouched
+    fresh = tmp_path / "fresh"
+    merf_train.train_merf(dataclasses.replace(config, num_samples=35), str(fresh), log=_quiet)
+    again = np.load(fresh / "samples.npz")
+    np.testing.assert_array_equal(again["y"], samples["y"])
+    np.testing.assert_allclose(again["x"], samples["x"], atol=1e-6)
+    lines.clear()                           # the same number again: nothing is redrawn
+    merf_train.train_merf(dataclasses.replace(config, num_samples=35), str(out),
+                          log=lines.append)
+    assert "is finished (report.json)" in lines[-1]
 
 
 def test_calibration_finds_the_noise_of_the_target_epsilon():

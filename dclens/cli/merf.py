@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--generator_upsampling", default=_DEFAULTS.generator_upsampling.value,
                         choices=["transpose", "resize", "transpose4"],
                         help=common_flags.GENERATOR_UPSAMPLING_HELP)
-    parser.add_argument("--num_samples", type=int, default=_DEFAULTS.num_samples)
+    parser.add_argument("--num_samples", type=int, default=_DEFAULTS.num_samples,
+                        help="samples written to samples.npz; a finished run given another "
+                        "number draws them from its saved generator (no new spend)")
     parser.add_argument("--log_every", type=int, default=_DEFAULTS.log_every,
                         help="fit steps between progress lines")
     common_flags.add_seed(parser)

@@ -20,6 +20,7 @@ import numpy as np
 
 from dclens.common import export
 from dclens.common.rng import SeedTree, Stream
+from dclens import data
 from dclens.data import splits
 from dclens.datalens import networks
 from dclens.datalens.build import image_shape_of
@@ -105,6 +106,36 @@ def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: floa
     }
 
 
+def _write_samples(render, config: MerfConfig, shape: networks.ImageShape, seeds: SeedTree,
+                   root: str) -> None:
+    """``samples.npz``: ``config.num_samples`` samples, labels uniform over the classes."""
+    images, labels = sample_generator(render, shape, config.z_dim, config.num_samples,
+                                      seeds=seeds, batch=500)
+    export.write_samples_npz(os.path.join(root, "samples.npz"), images, labels)
+
+
+def _resample(config: MerfConfig, root: str, report: dict, seeds: SeedTree,
+              log: Callable[[str], None]) -> dict:
+    """A finished run asked for another ``num_samples``: draws them from its saved
+    generator into ``samples.npz`` (replacing the old samples) and records the number in
+    ``report.json``.  The generator is post-processing of the release, so this spends
+    nothing and the ledger is not touched.  Which samples are drawn depends on the number
+    (labels first, then latents, from the run's sample stream)."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    generator = keras.models.load_model(os.path.join(root, GENERATOR_FILE), compile=False,
+                                        custom_objects={"ConcatLabelMaps":
+                                                        networks.ConcatLabelMaps})
+    shape = image_shape_of(data.dataset_spec(config.dataset))
+    _write_samples(generator_function(generator), config, shape, seeds, root)
+    before = report.get("num_samples")
+    report = {**report, "num_samples": config.num_samples}
+    export.write_json(os.path.join(root, REPORT_FILE), report)
+    log(f"{root} is finished: drew {config.num_samples} samples from its fitted generator "
+        f"instead of {before} (post-processing of the release: no new spend)")
+    return report
+
+
 def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
                log: Callable[[str], None] = print) -> dict:
     """Runs (or finishes) the DP-MERF run in ``run_dir``; returns its report."""
@@ -113,11 +144,14 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
                              changeable=CHANGEABLE_ON_RESUME, log=log)
     paths = opened.paths
     report_path = os.path.join(paths.root, REPORT_FILE)
+    seeds = SeedTree(opened.root_seed)
     if opened.resuming and os.path.exists(report_path):
         with open(report_path) as stream:
+            report = json.load(stream)
+        if report.get("num_samples") == config.num_samples:
             log(f"{run_dir} is finished (report.json); --restart to start over")
-            return json.load(stream)
-    seeds = SeedTree(opened.root_seed)
+            return report
+        return _resample(config, paths.root, report, seeds, log)
     records = splits.load_training_records(config.dataset, config.data_dir,
                                            config.training_records, limit=config.max_records,
                                            progress=False)
@@ -163,9 +197,7 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
     with export.atomic_path(os.path.join(paths.root, GENERATOR_FILE)) as temporary:
         generator.save(temporary)
     render = generator_function(generator)
-    images, labels = sample_generator(render, shape, config.z_dim, config.num_samples,
-                                      seeds=seeds, batch=500)
-    export.write_samples_npz(os.path.join(paths.root, "samples.npz"), images, labels)
+    _write_samples(render, config, shape, seeds, paths.root)
     classes = shape.num_classes
     rows, _ = sample_generator(render, shape, config.z_dim, classes * 10, seeds=seeds,
                                seed_path=(1,),
