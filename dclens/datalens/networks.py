@@ -278,6 +278,12 @@ def build_generator(shape: ImageShape, z_dim: int, *, seed: int | None = None,
     return keras.Model([z, label], image, name=name)
 
 
+def load_generator(path: str) -> keras.Model:
+    """A generator saved by ``model.save(path)`` (its label-map layer registered)."""
+    return keras.models.load_model(path, compile=False,
+                                   custom_objects={"ConcatLabelMaps": ConcatLabelMaps})
+
+
 def discriminator_weight_shapes(shape: ImageShape,
                                 width: DiscriminatorWidth = DiscriminatorWidth()
                                 ) -> list[tuple[str, tuple[int, ...]]]:

@@ -111,9 +111,7 @@ def open_warm_start(path: str, train_config) -> WarmStart:
 def load_generator(generator: keras.Model, warm_start: WarmStart) -> None:
     """Copies the DP-MERF run's fitted generator (weights and batch-norm statistics) into
     ``generator``; refuses another architecture by the first differing weight."""
-    fitted = keras.models.load_model(warm_start.generator_path, compile=False,
-                                     custom_objects={"ConcatLabelMaps":
-                                                     networks.ConcatLabelMaps})
+    fitted = networks.load_generator(warm_start.generator_path)
     ours, theirs = generator.get_weights(), fitted.get_weights()
     if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs)):
         raise WarmStartError(

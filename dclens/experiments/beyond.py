@@ -272,12 +272,17 @@ def merf_runs(beyond_dir: str) -> list[table1.RunFacts]:
     Raises:
       table1.ReportError: a record cannot be read or lacks a field (named).
     """
+    return [facts for facts, _ in _merf_records(beyond_dir)]
+
+
+def _merf_records(beyond_dir: str) -> list[tuple[table1.RunFacts, dict]]:
+    """(facts, privacy.json) of every DP-MERF paper-scale run, in folder order."""
     runs = []
     for path in sorted(glob.glob(os.path.join(beyond_dir, MERF_DIR, "*", "evaluation.json"))):
         folder = os.path.dirname(path)
         try:
-            runs.append(_merf_facts(folder, _read(path),
-                                    _read(os.path.join(folder, "privacy.json"))))
+            privacy = _read(os.path.join(folder, "privacy.json"))
+            runs.append((_merf_facts(folder, _read(path), privacy), privacy))
         except (OSError, ValueError, KeyError, TypeError) as error:
             problem = f"no {error}" if isinstance(error, KeyError) else str(error)
             raise table1.ReportError(
@@ -322,8 +327,7 @@ def merf_rows(beyond_dir: str) -> list[dict]:
     """DP-MERF's paper-scale runs (:func:`merf_runs`) grouped by their configuration:
     mean +- sd of ``val``, ``sen``, label agreement and FID."""
     groups: dict[str, list[tuple[table1.RunFacts, dict]]] = {}
-    for facts in merf_runs(beyond_dir):
-        privacy = _read(os.path.join(beyond_dir, MERF_DIR, facts.name, "privacy.json"))
+    for facts, privacy in _merf_records(beyond_dir):
         groups.setdefault(facts.configuration, []).append((facts, privacy))
     rows = []
     for name, runs in groups.items():

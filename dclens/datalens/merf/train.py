@@ -121,11 +121,7 @@ def _resample(config: MerfConfig, root: str, report: dict, seeds: SeedTree,
     ``report.json``.  The generator is post-processing of the release, so this spends
     nothing and the ledger is not touched.  Which samples are drawn depends on the number
     (labels first, then latents, from the run's sample stream)."""
-    import keras  # pylint: disable=import-outside-toplevel
-
-    generator = keras.models.load_model(os.path.join(root, GENERATOR_FILE), compile=False,
-                                        custom_objects={"ConcatLabelMaps":
-                                                        networks.ConcatLabelMaps})
+    generator = networks.load_generator(os.path.join(root, GENERATOR_FILE))
     shape = image_shape_of(data.dataset_spec(config.dataset))
     _write_samples(generator_function(generator), config, shape, seeds, root)
     before = report.get("num_samples")
