@@ -265,6 +265,7 @@ def test_a_finished_run_draws_another_number_of_samples_from_its_generator_at_no
                                    log=lines.append)
     samples = np.load(out / "samples.npz")
     assert samples["x"].shape == (35, 28, 28, 1) and report["num_samples"] == 35
+    assert np.load(out / "samples-20.npz")["x"].shape == (20, 28, 28, 1)   # kept
     assert json.loads((out / "report.json").read_text())["num_samples"] == 35
     assert "drew 35 samples from its fitted generator instead of 20" in lines[-1]
     assert "no new spend" in lines[-1]

@@ -117,14 +117,18 @@ def _write_samples(render, config: MerfConfig, shape: networks.ImageShape, seeds
 def _resample(config: MerfConfig, root: str, report: dict, seeds: SeedTree,
               log: Callable[[str], None]) -> dict:
     """A finished run asked for another ``num_samples``: draws them from its saved
-    generator into ``samples.npz`` (replacing the old samples) and records the number in
+    generator into ``samples.npz`` (the old ones kept as ``samples-<old number>.npz``) and records the number in
     ``report.json``.  The generator is post-processing of the release, so this spends
     nothing and the ledger is not touched.  Which samples are drawn depends on the number
     (labels first, then latents, from the run's sample stream)."""
     generator = networks.load_generator(os.path.join(root, GENERATOR_FILE))
+    before = report.get("num_samples")
+    old_samples = os.path.join(root, "samples.npz")
+    kept = os.path.join(root, f"samples-{before}.npz")
+    if os.path.exists(old_samples) and not os.path.exists(kept):
+        os.replace(old_samples, kept)           # the earlier samples are kept, not lost
     shape = image_shape_of(data.dataset_spec(config.dataset))
     _write_samples(generator_function(generator), config, shape, seeds, root)
-    before = report.get("num_samples")
     report = {**report, "num_samples": config.num_samples}
     export.write_json(os.path.join(root, REPORT_FILE), report)
     log(f"{root} is finished: drew {config.num_samples} samples from its fitted generator "
