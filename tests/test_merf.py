@@ -20,7 +20,9 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
+import dp_accounting
 import keras
 import numpy as np
 import pytest
@@ -36,6 +38,7 @@ from dclens.datalens.merf import fit, mechanism
 from dclens.datalens.merf import train as merf_train
 from dclens.datalens.merf.config import MerfConfig, MerfConfigError
 from dclens.privacy import accounting, exact
+from dclens.runs import journal as run_journal
 from test_resume import Crash, crash_at
 
 Z_MERF = 2.0
@@ -240,6 +243,7 @@ def test_a_release_lost_in_a_crash_is_spent_again_and_a_finished_run_is_not_redo
     merf_train.train_merf(config, str(out), log=_quiet)
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["releases"] == 2                      # the lost one stays counted
+    assert privacy["lost_releases"] == 1
     assert privacy["epsilon"]["epsilon"] == pytest.approx(
         exact.gaussian_epsilon(math.sqrt(2) / Z_MERF, 1e-5), rel=1e-9)
     second = np.load(out / "release.npz")
@@ -248,6 +252,89 @@ def test_a_release_lost_in_a_crash_is_spent_again_and_a_finished_run_is_not_redo
     # finished: a repeat reads the report and spends nothing
     merf_train.train_merf(config, str(out), log=_quiet)
     assert json.loads((out / "privacy.json").read_text())["releases"] == 2
+
+
+def test_the_spend_is_journaled_before_the_noise_is_drawn(tiny_fmnist_dir, tmp_path,
+                                                          monkeypatch):
+    """A crash while the release is drawn (after the spend, before release.npz): the
+    journal already counts it; the resume lists it as lost and releases again."""
+    out = tmp_path / "run"
+    config = merf_config(tiny_fmnist_dir, fit_steps=1)
+
+    def crash(*_args, **_kwargs):
+        raise Crash("release")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mechanism, "release", crash)
+        with pytest.raises(Crash):
+            merf_train.train_merf(config, str(out), log=_quiet)
+    journal = json.loads((out / "ledger.json").read_text())
+    assert journal["entries"] == [{"step": 0, "round": 0, "queries": 1}]
+    assert journal["ledger"]["spends"] == [{"noise_multiplier": Z_MERF, "count": 1}]
+    assert not (out / "release.npz").exists()
+    merf_train.train_merf(config, str(out), log=_quiet)
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert (privacy["releases"], privacy["lost_releases"]) == (2, 1)
+    assert int(np.load(out / "release.npz")["attempt"]) == 1
+    assert len(json.loads((out / "ledger.json").read_text())["lost"]) == 1
+
+
+def test_a_refit_reads_only_the_release_and_checks_it_is_this_runs(tiny_fmnist_dir, tmp_path,
+                                                                   monkeypatch):
+    """After the release, a crash in the fit: the resume refits from release.npz without
+    reading a training record (the loader raises), to the same generator and samples; a
+    release made for another record count, noise or feature draw is refused by name."""
+    out = tmp_path / "run"
+    config = merf_config(tiny_fmnist_dir, fit_steps=2)
+    merf_train.train_merf(config, str(out), log=_quiet)
+    samples = np.load(out / "samples.npz")["x"]
+    ledger = (out / "ledger.json").read_bytes()
+    for name in ("report.json", "generator.keras", "samples.npz", "privacy.json"):
+        os.remove(out / name)
+
+    def no_records(*_args, **_kwargs):
+        raise AssertionError("a refit read the training records")
+
+    monkeypatch.setattr(merf_train.splits, "load_training_records", no_records)
+    lines = []
+    merf_train.train_merf(config, str(out), log=lines.append)
+    np.testing.assert_allclose(np.load(out / "samples.npz")["x"], samples, atol=1e-6)
+    assert (out / "ledger.json").read_bytes() == ledger          # nothing spent
+    assert any("training records are not read" in line for line in lines)
+    release = dict(np.load(out / "release.npz"))
+    for key, value, match in (("records", np.int64(RECORDS + 1), "41 records, this run 40"),
+                              ("noise_multiplier", np.float64(2.5), "noise multiplier 2.5"),
+                              ("features_sha256", np.str_("0" * 64), "other random features")):
+        np.savez(out / "release.npz", **{**release, key: value})
+        (out / "report.json").unlink(missing_ok=True)
+        with pytest.raises(merf_train.rundir.RunDirError, match=match):
+            merf_train.train_merf(config, str(out), log=_quiet)
+
+
+def test_a_crash_while_the_run_files_are_created_resumes_with_all_of_them(
+        tiny_fmnist_dir, tmp_path, monkeypatch):
+    """Killed after config.json, before the seed file and the journal (nothing spent): the
+    resume writes the README, the PRIVATE markers and the seed file, releases once, and a
+    later resume finds the seed it drew with."""
+    out = tmp_path / "run"
+    config = merf_config(tiny_fmnist_dir, fit_steps=1, seed=None)
+
+    def crash(*_args, **_kwargs):
+        raise Crash("write_seed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(merf_train.rundir, "write_seed", crash)
+        with pytest.raises(Crash):
+            merf_train.train_merf(config, str(out), log=_quiet)
+    assert (out / "config.json").exists() and not (out / "ledger.json").exists()
+    os.remove(out / "README.md")                 # as if killed before it, too
+    merf_train.train_merf(config, str(out), log=_quiet)
+    for name in ("README.md", "checkpoints/seed.json", "checkpoints/PRIVATE", "logs/PRIVATE"):
+        assert (out / name).exists(), name
+    assert json.loads((out / "privacy.json").read_text())["releases"] == 1
+    os.remove(out / "report.json")               # a crash in the fit: resumes, no spend
+    merf_train.train_merf(config, str(out), log=_quiet)
+    assert json.loads((out / "privacy.json").read_text())["releases"] == 1
 
 
 def test_a_finished_run_draws_another_number_of_samples_from_its_generator_at_no_cost(
@@ -356,6 +443,75 @@ def test_a_crash_and_resume_keep_the_release_counted_once(merf_run, tiny_fmnist_
                                           np.load(straight / "samples.npz")["x"])
 
 
+def test_a_journal_that_lost_its_first_append_spends_the_release_on_resume(
+        merf_run, tiny_fmnist_dir, tmp_path, monkeypatch):
+    """The journal's first append (the warm start's round -1) fails (a full disk, a kill):
+    the journal on disk is the empty one create_run_files wrote.  The resume counts the
+    release then, before any TopAgg spend, exactly once."""
+    config = datalens_config(tiny_fmnist_dir, str(merf_run))
+    out = tmp_path / "run"
+    append = run.PrivacyJournal.append
+
+    def fail_first(journal, step, round_index, queries):
+        if round_index == run.WARM_START_ROUND:
+            raise OSError(28, "No space left on device")
+        return append(journal, step, round_index, queries)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(run.PrivacyJournal, "append", fail_first)
+        with pytest.raises(OSError):
+            run.train_run(config, str(out), progress=False, log=_quiet)
+    assert json.loads((out / "ledger.json").read_text())["entries"] == []
+    run.train_run(config, str(out), progress=False, log=_quiet)
+    journal = json.loads((out / "ledger.json").read_text())
+    assert journal["entries"][0] == {"step": 0, "round": run.WARM_START_ROUND, "queries": 1}
+    assert [e["round"] for e in journal["entries"]].count(run.WARM_START_ROUND) == 1
+    spends = json.loads((out / "privacy.json").read_text())["ledger"]["spends"]
+    assert {"noise_multiplier": Z_MERF, "count": 1} in spends
+
+
+def test_a_journal_with_spends_but_no_warm_start_is_refused(merf_run, tiny_fmnist_dir):
+    class Lens:
+        warm_start = warm_start.open_warm_start(
+            str(merf_run), datalens_config(tiny_fmnist_dir, str(merf_run)).train)
+        ledger = accounting.PrivacyLedger(delta=1e-5, conversion=accounting.Conversion.PLD)
+
+    lens = Lens()
+    lens.ledger.spend(dp_accounting.GaussianDpEvent(1.0))
+    journal = run.PrivacyJournal("unused-ledger.json", lens.ledger)
+    journal.entries.append(run_journal.Spend(0, 0, 1))
+    config = datalens_config(tiny_fmnist_dir, str(merf_run))
+    with pytest.raises(run.RunDirError, match="not the warm start's .*cannot be resumed"):
+        run._journal_warm_start(lens, journal, config, _quiet)
+    journal.entries[0] = run_journal.Spend(0, run.WARM_START_ROUND, 2)
+    with pytest.raises(run.RunDirError, match="journals 2 warm-start queries but .* spent 1"):
+        run._journal_warm_start(lens, journal, config, _quiet)
+
+
+def test_a_resume_refuses_a_dp_merf_run_changed_since_the_start(merf_run, tiny_fmnist_dir,
+                                                                tmp_path):
+    """The DP-MERF folder is fingerprinted in config.json when the run begins; rerun in
+    place (another release, another generator) it is refused on resume, by name."""
+    source = tmp_path / "merf"
+    shutil.copytree(merf_run, source)
+    config = datalens_config(tiny_fmnist_dir, str(source))
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        run.train_run(config, str(out), progress=False, log=_quiet,
+                      fault_hook=crash_at("after_spend", 0))
+    recorded = json.loads((out / "config.json").read_text())["warm_start"]
+    assert set(recorded["sha256"]) == {"release.npz", "generator.keras"}
+    assert recorded["spends"] == [{"noise_multiplier": Z_MERF, "count": 1}]
+    original = (source / "release.npz").read_bytes()
+    release = dict(np.load(source / "release.npz"))
+    np.savez(source / "release.npz", **{**release, "noisy_sum": release["noisy_sum"] + 1})
+    with pytest.raises(run.RunDirError, match="has changed since this run started"):
+        run.train_run(config, str(out), progress=False, log=_quiet)
+    (source / "release.npz").write_bytes(original)        # put back: resumes
+    run.train_run(config, str(out), progress=False, log=_quiet)
+    assert (out / "privacy.json").exists()
+
+
 def test_the_budget_plans_the_steps_the_release_leaves(merf_run, tiny_fmnist_dir):
     """Noise multiplier 50 / (2 sqrt(30)) per query, 4 queries a step: the release (mu^2
     0.25) costs more than a step (mu^2 0.19), so at epsilon 10 one step fewer fits."""
@@ -380,8 +536,13 @@ def test_what_cannot_warm_start_is_refused_by_name(merf_run, tiny_fmnist_dir, tm
 
     refused("max_records = 40 but this run max_records = 30", max_records=30)
     refused("z_dim = 8 but this run z_dim = 9", z_dim=9)
-    refused("generator_filters = 8 but this run generator_filters = 16",
-            generator_filters=16)
+    refused("generator_filters = 8 but this run generator_filters = 16.*rerun "
+            "scripts/merf.py with --gf_dim 16", generator_filters=16)
+    refused("max_records = 40 but this run max_records = None.*without --max_records",
+            max_records=None)
+    parsed = merf_cli.config_from_args(merf_cli.build_parser().parse_args(
+        ["--run_dir", "x", "--gf_dim", "16", "--gfc_dim", "32"]))
+    assert (parsed.generator_filters, parsed.generator_dense) == (16, 32)
     refused("was seeded .*seed this run too", seed=None)
     refused("config.json is missing", path=str(tmp_path / "nowhere"))
     other = tmp_path / "other"

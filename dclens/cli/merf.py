@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generated images per fit step (a multiple of the classes)")
     parser.add_argument("--learning_rate", type=float, default=_DEFAULTS.learning_rate)
     parser.add_argument("--z_dim", type=int, default=_DEFAULTS.z_dim)
+    parser.add_argument("--gf_dim", type=int, default=_DEFAULTS.generator_filters,
+                        help="the generator's filters (the authors' flag name; "
+                             "scripts/reproduce.py --generator_width W is --gf_dim 64W "
+                             "--gfc_dim 1024W): a DataLens warm start needs the same")
+    parser.add_argument("--gfc_dim", type=int, default=_DEFAULTS.generator_dense,
+                        help="the generator's dense units (the authors' flag name)")
     parser.add_argument("--generator_upsampling", default=_DEFAULTS.generator_upsampling.value,
                         choices=["transpose", "resize", "transpose4"],
                         help=common_flags.GENERATOR_UPSAMPLING_HELP)
@@ -80,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> MerfConfig:
         num_features=args.num_features, lengthscale=args.lengthscale,
         fit_steps=args.fit_steps, fit_batch=args.fit_batch,
         learning_rate=args.learning_rate, z_dim=args.z_dim,
+        generator_filters=args.gf_dim, generator_dense=args.gfc_dim,
         generator_upsampling=args.generator_upsampling, num_samples=args.num_samples,
         seed=args.seed, log_every=args.log_every)
 

@@ -37,6 +37,7 @@ from dclens.privacy import accounting
 from dclens.common import export
 from dclens.runs.checkpoint import CheckpointSpaceError, CheckpointStore
 from dclens.datalens import class_direction, resume, sharded
+from dclens.datalens import warm_start as warm_start_lib
 from dclens.datalens.budget import (DATA_DEPENDENT_PARTITION_WARNING, NOT_PRIVATE_WARNING,
                                     REPRODUCIBLE_NOISE_WARNING, UNPROVEN_ACCOUNTING_WARNING,
                                     check_budget_allows_a_step, expected_steps, privacy_record,
@@ -49,9 +50,9 @@ from dclens.datalens.shards import plan_shards
 from dclens.datalens.step_log import LazySummaryWriter, log_step, new_progress_bar, on_off
 from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement, check_query_batch
 from dclens.runs.journal import PrivacyJournal
-from dclens.runs.rundir import (Mode, RunDirError, RunPaths, create_run_files, open_journal,
-                                plan_run, restore_latest, root_seed as _saved_or_new_seed,
-                                set_aside, write_seed)
+from dclens.runs.rundir import (Mode, RunDirError, RunPaths, complete_run_files,
+                                create_run_files, open_journal, plan_run, restore_latest,
+                                root_seed as _saved_or_new_seed, set_aside)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run"]
 
@@ -110,10 +111,6 @@ def _root_seed(plan, config: DataLensConfig) -> int:
     return _saved_or_new_seed(plan, config.train.seed)
 
 
-def _write_seed(plan, root_seed: int, seeded: bool) -> None:
-    write_seed(plan.paths, root_seed, seeded=seeded)
-
-
 def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
                  root_seed: int) -> PrivacyJournal:
     """A new run's files (:func:`dclens.runs.rundir.create_run_files`); its journal."""
@@ -124,7 +121,9 @@ def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
                "partition_size": lens.partition_size, "batch": lens.batch,
                "query_batch": lens.query_batch,
                "steps_per_epoch": lens.steps_per_epoch, "seed_from_os_entropy": not seeded,
-               "private": not config.train.non_private},
+               "private": not config.train.non_private,
+               **({} if lens.warm_start is None
+                  else {"warm_start": lens.warm_start.fingerprint()})},
         ledger=lens.ledger)
 
 
@@ -132,19 +131,57 @@ def _begin_fresh(plan, config: DataLensConfig, dataset: "DatasetFacts", lens,
 WARM_START_ROUND = -1
 
 
-def _spend_warm_start(lens, journal: PrivacyJournal, config: DataLensConfig,
-                      log: Callable[[str], None]) -> None:
-    """A fresh run started from a DP-MERF run (``train.warm_start``) begins its ledger
-    with that run's spends, journaled as round -1 of step 0 (:mod:`dclens.datalens.warm_start`).
-    A resume reads them back from the journal and never spends them again."""
-    if lens.warm_start is None or config.train.non_private:
+def _journal_warm_start(lens, journal: PrivacyJournal, config: DataLensConfig,
+                        log: Callable[[str], None]) -> None:
+    """The spends of the DP-MERF run a run starts from (``train.warm_start``) head its
+    ledger, journaled as round -1 of step 0 (:mod:`dclens.datalens.warm_start`), before
+    any TopAgg spend.  A fresh run spends them here; so does a resumed run whose journal
+    is still empty (a crash between the journal's first write and this spend).  A resumed
+    journal that holds them is left alone (never spent twice); one that holds other spends
+    but not these is refused: its ledger would not count the release the generator
+    started from.
+
+    Raises:
+      RunDirError: the journal's warm-start round is missing or counts other queries.
+    """
+    warm = lens.warm_start
+    if warm is None or config.train.non_private:
         return
-    for event in lens.warm_start.events():
+    journaled = [spend for spend in journal.entries if spend.round == WARM_START_ROUND]
+    if journaled:
+        if sum(spend.queries for spend in journaled) != warm.queries:
+            raise RunDirError(
+                f"{journal.path} journals {sum(s.queries for s in journaled)} warm-start "
+                f"queries but the DP-MERF run {warm.path} spent {warm.queries}: the ledger "
+                f"would not match the release; start this run over (--restart)")
+        return
+    if journal.entries:
+        raise RunDirError(
+            f"{journal.path} holds {len(journal.entries)} spends but not the warm start's "
+            f"(round {WARM_START_ROUND}): its ledger does not count the DP-MERF release "
+            f"{warm.path} the generator started from, so it cannot be resumed; start it "
+            f"over (--restart)")
+    for event in warm.events():
         lens.ledger.spend(event)
-    journal.append(0, WARM_START_ROUND, lens.warm_start.queries)
-    log(f"warm start: the generator fitted by the DP-MERF run {lens.warm_start.path}; its "
+    journal.append(0, WARM_START_ROUND, warm.queries)
+    log(f"warm start: the generator fitted by the DP-MERF run {warm.path}; its "
         f"release is in this run's ledger (epsilon {lens.ledger.epsilon().epsilon:.4g} "
         f"before the first step)")
+
+
+def _check_warm_start_unchanged(plan, lens, log: Callable[[str], None]) -> None:
+    """A resumed warm-started run refuses a DP-MERF folder whose release, generator or
+    spends differ from the fingerprint config.json recorded when the run began."""
+    if lens.warm_start is None:
+        return
+    with open(plan.paths.config, encoding="utf-8") as stream:
+        recorded = json.load(stream).get("warm_start")
+    try:
+        warning = warm_start_lib.check_unchanged(recorded, lens.warm_start)
+    except warm_start_lib.WarmStartError as error:
+        raise RunDirError(str(error)) from None
+    if warning:
+        log(f"warning: {warning}")
 
 
 def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
@@ -407,12 +444,13 @@ class _Training:
         config, plan, lens, log = self.config, self.plan, self.lens, self.log
         if plan.mode is Mode.FRESH:
             self.journal = _begin_fresh(plan, config, dataset, lens, root_seed)
-            _spend_warm_start(lens, self.journal, config, log)
         else:
+            _check_warm_start_unchanged(plan, lens, log)
             self.journal, self.curve, self.resumed_from, self.finished = _resume(
                 plan, lens, self.store, log)
-            if not os.path.exists(plan.paths.seed):
-                _write_seed(plan, root_seed, self.seeded)
+            complete_run_files(plan.paths, kind="DataLens", root_seed=root_seed,
+                               seeded=self.seeded)
+        _journal_warm_start(lens, self.journal, config, log)
         journal, hook = self.journal, self.hook
 
         def on_spend(step: int, round_index: int, queries: int) -> None:

@@ -10,12 +10,16 @@ unit of privacy (replacing one training record), so the composition is that of o
 
 What is refused, by name: a run that is not a finished DP-MERF run, one trained on other
 records (dataset, training_records, max_records), one with reproducible noise (``--seed``)
-unless this run is seeded too, and a generator of another architecture.
+unless this run is seeded too, and a generator of another architecture.  A DataLens run
+records the DP-MERF run's :meth:`WarmStart.fingerprint` when it starts, and a resume refuses
+a DP-MERF folder whose release, generator or spends have changed since (e.g. rerun with
+``--restart``): its ledger counts the release it started from, not another.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -30,6 +34,9 @@ from dclens.privacy import accounting
 SAME_SETTINGS = ("dataset", "training_records", "max_records", "z_dim",
                  "generator_filters", "generator_dense", "generator_upsampling")
 
+#: The DP-MERF files a warm start depends on, fingerprinted by SHA-256.
+FINGERPRINTED_FILES = ("release.npz", "generator.keras")
+
 
 class WarmStartError(ValueError):
     """The warm-start run cannot start this DataLens run (the message says why)."""
@@ -42,6 +49,7 @@ class WarmStart:
 
     path: str
     spends: tuple[tuple[float, int], ...]
+    digests: tuple[tuple[str, str], ...] = ()
 
     @property
     def queries(self) -> int:
@@ -56,6 +64,48 @@ class WarmStart:
     def generator_path(self) -> str:
         return os.path.join(self.path, "generator.keras")
 
+    def fingerprint(self) -> dict:
+        """What a DataLens run records of its warm start when it begins (config.json) and
+        checks on every resume: the folder, the spends, and the SHA-256 of
+        :data:`FINGERPRINTED_FILES`."""
+        return {"run": self.path,
+                "spends": [{"noise_multiplier": z, "count": count} for z, count in self.spends],
+                "sha256": dict(self.digests)}
+
+
+def check_unchanged(recorded: dict | None, warm_start: WarmStart) -> str | None:
+    """Compares a resumed run's recorded :meth:`WarmStart.fingerprint` with the DP-MERF
+    folder now; returns a warning for a run that recorded none (an older dclens).
+
+    Raises:
+      WarmStartError: the release, the generator or the spends differ (named).
+    """
+    if recorded is None:
+        return (f"this run recorded no fingerprint of its warm start {warm_start.path} "
+                f"(an older dclens): the DP-MERF folder is taken as unchanged")
+    now = warm_start.fingerprint()
+    changed = [name for name in ("spends", "sha256") if recorded.get(name) != now[name]]
+    if changed:
+        raise WarmStartError(
+            f"the DP-MERF run {warm_start.path} has changed since this run started from it "
+            f"({' and '.join(changed)} differ from config.json's 'warm_start'; was it rerun "
+            f"with --restart?): this run's ledger counts the release it started from, not "
+            f"this one. Put the original DP-MERF run back at that path, or start this run "
+            f"over (--restart)")
+    return None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as error:
+        raise WarmStartError(f"{path} cannot be read ({error}): --warm_start needs a "
+                             f"finished DP-MERF run") from error
+    return digest.hexdigest()
+
 
 def _read_json(path: str, what: str) -> dict:
     try:
@@ -66,6 +116,20 @@ def _read_json(path: str, what: str) -> dict:
                              f"run (scripts/merf.py --run_dir ...); {what}") from None
     except (OSError, ValueError) as error:
         raise WarmStartError(f"{path} cannot be read ({error})") from error
+
+
+#: scripts/merf.py's flag for each of :data:`SAME_SETTINGS`.
+MERF_FLAGS = {"dataset": "--dataset", "training_records": "--training_records",
+              "max_records": "--max_records", "z_dim": "--z_dim",
+              "generator_filters": "--gf_dim", "generator_dense": "--gfc_dim",
+              "generator_upsampling": "--generator_upsampling"}
+
+
+def _merf_flag(name: str, value) -> str:
+    """The scripts/merf.py flag that sets ``name`` to ``value`` (``without --max_records``
+    for None)."""
+    flag = MERF_FLAGS[name]
+    return f"without {flag}" if value is None else f"with {flag} {value}"
 
 
 def _value(train_config, name: str):
@@ -86,8 +150,8 @@ def open_warm_start(path: str, train_config) -> WarmStart:
             raise WarmStartError(
                 f"the DP-MERF run {path} has {name} = {merf.get(name)!r} but this run "
                 f"{name} = {_value(train_config, name)!r}: a warm start must read the same "
-                f"records with the same generator; rerun scripts/merf.py with "
-                f"--{name} {_value(train_config, name)}")
+                f"records with the same generator; rerun scripts/merf.py "
+                f"{_merf_flag(name, _value(train_config, name))} (a new --run_dir)")
     if not os.path.exists(os.path.join(path, "report.json")):
         raise WarmStartError(f"the DP-MERF run {path} is not finished (no report.json): "
                              f"run its command again to finish it")
@@ -105,7 +169,8 @@ def open_warm_start(path: str, train_config) -> WarmStart:
                    for spend in ledger.state_dict()["spends"])
     if not spends:
         raise WarmStartError(f"the DP-MERF run {path} has spent nothing: it is not finished")
-    return WarmStart(os.path.abspath(path), spends)
+    digests = tuple((name, _sha256(os.path.join(path, name))) for name in FINGERPRINTED_FILES)
+    return WarmStart(os.path.abspath(path), spends, digests)
 
 
 def load_generator(generator: keras.Model, warm_start: WarmStart) -> None:

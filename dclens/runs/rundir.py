@@ -499,6 +499,18 @@ def write_run_readme(paths: RunPaths, kind: str) -> None:
     export.atomic_write(paths.readme, lambda s: s.write(_README.format(kind=kind)), mode="w")
 
 
+def complete_run_files(paths: RunPaths, *, kind: str, root_seed: int, seeded: bool) -> None:
+    """On resume, the files :func:`create_run_files` writes after config.json that a crash
+    between them left missing: the README, the PRIVATE markers and the seed file (the
+    root seed :func:`root_seed` chose: a missing seed file is only resumable while the
+    journal does not exist, i.e. before any spend).  Existing files are left alone."""
+    if not os.path.exists(paths.readme):
+        write_run_readme(paths, kind)
+    mark_private(paths)
+    if not os.path.exists(paths.seed):
+        write_seed(paths, root_seed, seeded=seeded)
+
+
 def create_run_files(paths: RunPaths, config_dict: dict[str, Any], *, kind: str,
                      facts: dict[str, Any], root_seed: int, seeded: bool, ledger):
     """A fresh run's files, in the order that keeps a crash safe: config.json (marks the

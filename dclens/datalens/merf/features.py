@@ -12,6 +12,7 @@ not by arithmetic.  W is drawn from the run's keys, never from data.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +31,14 @@ class FourierFeatures:
     @property
     def input_dim(self) -> int:
         return self.frequencies.shape[0]
+
+    def digest(self) -> str:
+        """SHA-256 of the frequencies (shape and float32 bytes): what a release records, so
+        that a refit can check it fits against the features the release was made with."""
+        frequencies = np.ascontiguousarray(self.frequencies, np.float32)
+        digest = hashlib.sha256(repr(frequencies.shape).encode())
+        digest.update(frequencies.tobytes())
+        return digest.hexdigest()
 
     def numpy(self, images: np.ndarray) -> np.ndarray:
         """phi of each image (any shape [N, ...] with prod(...) = d), float64 [N, D], each

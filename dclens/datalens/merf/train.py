@@ -5,8 +5,11 @@ ledger and on disk before its noise is drawn; the noisy sum is written atomicall
 ``release.npz`` (publishable: it is the DP output), and everything after it -- the fit,
 ``generator.keras``, the samples -- is post-processing of that file.  A crash before
 ``release.npz`` lands leaves a journaled spend without a release: the next call spends
-again with fresh noise (the lost spend stays counted).  A crash after it refits from the
-same release at no privacy cost.  A run whose ``report.json`` exists is finished.
+again with fresh noise (the lost spend stays counted, and privacy.json lists it under
+``lost_releases``).  A crash after it refits from the same release at no privacy cost and
+without reading the training records (the release records n, its noise multiplier and the
+random features' digest, checked before the refit).  A run whose ``report.json`` exists is
+finished.
 """
 
 from __future__ import annotations
@@ -78,11 +81,51 @@ def _read_release(path: str) -> dict | None:
 
 
 def _write_release(path: str, total: np.ndarray, *, records: int, z: float,
-                   attempt: int) -> None:
+                   attempt: int, features: features_lib.FourierFeatures) -> None:
+    """``release.npz``: the noisy sum and what a refit must match (the record count n, the
+    noise multiplier, the attempt it was drawn for, the features' digest)."""
     def write(stream) -> None:
         np.savez(stream, noisy_sum=total, records=np.int64(records),
-                 noise_multiplier=np.float64(z), attempt=np.int64(attempt))
+                 noise_multiplier=np.float64(z), attempt=np.int64(attempt),
+                 features_sha256=np.str_(features.digest()))
     export.atomic_write(path, write)
+
+
+def _checked_release(released: dict, path: str, *, records: int, z: float,
+                     features: features_lib.FourierFeatures, classes: int) -> np.ndarray:
+    """The noisy sum of a saved release, after checking it was made for this run: the same
+    record count, noise multiplier, shape and random features (a release of an older
+    dclens has no features digest: its shape is checked).
+
+    Raises:
+      rundir.RunDirError: a mismatch (named); refitting against other features or another
+        n would fit a wrong embedding, silently.
+    """
+    noisy = released["noisy_sum"]
+    problems = []
+    if int(released["records"]) != records:
+        problems.append(f"{int(released['records'])} records, this run {records}")
+    if not np.isclose(float(released["noise_multiplier"]), z, rtol=1e-9, atol=0.0):
+        problems.append(f"noise multiplier {float(released['noise_multiplier']):.9g}, this "
+                        f"run {z:.9g}")
+    if noisy.shape != (features.dim, classes):
+        problems.append(f"shape {noisy.shape}, this run {(features.dim, classes)}")
+    if "features_sha256" in released and str(released["features_sha256"]) != features.digest():
+        problems.append("other random features (a different numpy may draw other "
+                        "frequencies from the same seed)")
+    if problems:
+        raise rundir.RunDirError(
+            f"{path} was made for another run ({'; '.join(problems)}): refitting to it would "
+            f"fit a wrong embedding. Resume with the numpy and settings it was made with, "
+            f"or start over (--restart: a new release, counted)")
+    return noisy
+
+
+def _load_records(config: MerfConfig):
+    """The private training records (read only to make the release)."""
+    return splits.load_training_records(config.dataset, config.data_dir,
+                                        config.training_records, limit=config.max_records,
+                                        progress=False)
 
 
 def privacy_record(config: MerfConfig, ledger: accounting.PrivacyLedger, z: float,
@@ -152,43 +195,60 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
             log(f"{run_dir} is finished (report.json); --restart to start over")
             return report
         return _resample(config, paths.root, report, seeds, log)
-    records = splits.load_training_records(config.dataset, config.data_dir,
-                                           config.training_records, limit=config.max_records,
-                                           progress=False)
-    shape = image_shape_of(records.spec)
-    n = len(records.labels)
+    shape = image_shape_of(data.dataset_spec(config.dataset))
     z = noise_multiplier(config)
+    features = features_lib.draw(shape.dim, config.num_features, config.lengthscale,
+                                 seeds.numpy(Stream.FOURIER_FEATURES))
+    records = None
     if opened.resuming:
+        rundir.complete_run_files(paths, kind="merf", root_seed=opened.root_seed,
+                                  seeded=config.seed is not None)
         journal = rundir.open_journal(paths, None, new_ledger=lambda: new_ledger(config))
+        with open(paths.config, encoding="utf-8") as stream:
+            facts = json.load(stream)
+        n, source = int(facts["records"]), facts["dataset_source"]
     else:
+        records = _load_records(config)
+        n, source = len(records.labels), records.source
         journal = rundir.create_run_files(
             paths, config.to_dict(), kind="merf", root_seed=opened.root_seed,
             seeded=config.seed is not None,
-            facts={"dataset_source": records.source, "records": n, "noise_multiplier": z},
+            facts={"dataset_source": source, "records": n, "noise_multiplier": z},
             ledger=new_ledger(config))
-    features = features_lib.draw(shape.dim, config.num_features, config.lengthscale,
-                                 seeds.numpy(Stream.FOURIER_FEATURES))
     release_path = os.path.join(paths.root, RELEASE_FILE)
     released = _read_release(release_path)
     attempt = len(journal.entries)
     if released is None or int(released["attempt"]) != attempt - 1:
         if attempt:
+            # Every journaled release without its file was lost; still counted.
+            journal.resume(entries_at_checkpoint=0, resumed_from_step=0)
             log(f"{attempt} earlier release(s) were spent but not written (a crash): "
                 "spending again with fresh noise; the lost ones stay in the ledger")
+        if records is None:
+            records = _load_records(config)
+            if len(records.labels) != n:
+                raise rundir.RunDirError(
+                    f"{paths.root} began on {n} training records but {source} now holds "
+                    f"{len(records.labels)}: the data changed under the run; restore it or "
+                    f"start over (--restart)")
         journal.ledger.spend(mechanism.event(z))
         journal.append(0, attempt, 1)            # durable before the noise exists
         total = mechanism.embedding_sum(features, records.images, records.labels,
                                         shape.num_classes)
+        del records                              # nothing after this line reads them
         noisy = mechanism.release(total, z, seeds.numpy(Stream.DP_NOISE, attempt))
         del total
-        _write_release(release_path, noisy, records=n, z=z, attempt=attempt)
+        _write_release(release_path, noisy, records=n, z=z, attempt=attempt,
+                       features=features)
         log(f"released the embedding sum of {n} records ({features.dim} features x "
             f"{shape.num_classes} classes) with noise multiplier {z:.6g}: epsilon "
             f"{journal.ledger.epsilon().epsilon:.4g} at delta {config.delta:g} "
             f"({config.conversion.value})")
     else:
-        noisy = released["noisy_sum"]
-        log(f"reusing the release in {release_path} (no new spend)")
+        noisy = _checked_release(released, release_path, records=n, z=z, features=features,
+                                 classes=shape.num_classes)
+        log(f"reusing the release in {release_path} (no new spend; the training records "
+            f"are not read)")
     generator = build_generator(config, shape, seeds.integer(Stream.GENERATOR_INIT))
     losses = fit.fit_generator(generator, features, noisy / n, steps=config.fit_steps,
                                batch=config.fit_batch, learning_rate=config.learning_rate,
@@ -205,8 +265,7 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
     export.write_grid_png(os.path.join(paths.root, "samples.png"),
                           export.image_grid(rows, classes, 10),
                           title="DP-MERF samples (a row per class)")
-    privacy = privacy_record(config, journal.ledger, z, n, records.source,
-                             journal.lost_queries)
+    privacy = privacy_record(config, journal.ledger, z, n, source, journal.lost_queries)
     export.write_json(paths.privacy, privacy)
     report = {"kind": "merf", "records": n, "noise_multiplier": z,
               "epsilon": privacy["epsilon"], "fit_losses_first_last": [
