@@ -436,8 +436,13 @@ def test_a_crash_and_resume_keep_the_release_counted_once(merf_run, tiny_fmnist_
         journal = json.loads((out / "ledger.json").read_text())
         warm = [e for e in journal["entries"] if e["round"] == run.WARM_START_ROUND]
         assert warm == [{"step": 0, "round": -1, "queries": 1}]
-        spends = json.loads((out / "privacy.json").read_text())["ledger"]["spends"]
-        assert {"noise_multiplier": Z_MERF, "count": 1} in spends
+        privacy = json.loads((out / "privacy.json").read_text())
+        assert {"noise_multiplier": Z_MERF, "count": 1} in privacy["ledger"]["spends"]
+        lost_rounds = [spend["round"] for item in privacy["lost_spends"]
+                       for spend in item["spends"]]
+        assert run.WARM_START_ROUND not in lost_rounds      # its release is not lost
+        if point == "after_spend":
+            assert lost_rounds == [0]                       # step 0's vote was
         if point == "after_checkpoint":          # nothing lost: the same run
             np.testing.assert_array_equal(np.load(out / "samples.npz")["x"],
                                           np.load(straight / "samples.npz")["x"])

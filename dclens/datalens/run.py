@@ -201,8 +201,14 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
         lens.load_state_arrays(lambda name: checkpoint.load_array(name, mmap=True),
                                checkpoint.array_names(), checkpoint.step)
 
+    # The warm start's spends (round -1, first in the journal) released a DP-MERF run's
+    # outputs, which a crash here does not lose.
+    warm = 0
+    while warm < len(journal.entries) and journal.entries[warm].round == WARM_START_ROUND:
+        warm += 1
     restored = restore_latest(store, journal, root_seed=lens.root_seed,
-                              seed_path=plan.paths.seed, load=load, curve_key="curve")
+                              seed_path=plan.paths.seed, load=load, curve_key="curve",
+                              not_lost=warm)
     lens.ledger = journal.ledger
     # Every resume that lost spends draws fresh DP noise from here on (see noise_seed).
     lens.noise_attempt = len(journal.lost)

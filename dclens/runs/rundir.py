@@ -353,15 +353,17 @@ def open_journal(paths: RunPaths, latest, *, new_ledger: Callable[[], Any] | Non
 
 
 def restore_latest(store, journal, *, root_seed: int, seed_path: str, load,
-                   curve_key: str = "curves") -> Restored:
+                   curve_key: str = "curves", not_lost: int = 0) -> Restored:
     """Loads the newest complete checkpoint of ``store`` (``load(checkpoint)`` restores
     the model from a :class:`dclens.runs.checkpoint.Checkpoint`) and marks the journal's
     spends after it as lost.  Refuses a checkpoint written under another root seed.  No
-    checkpoint: step 0, all spends lost.  ``curve_key``: the state's key of the curves
-    (DataLens' checkpoints say ``curve``)."""
+    checkpoint: step 0, all spends lost but the first ``not_lost`` (spends made before
+    training whose outputs live elsewhere, e.g. a warm start's release).  ``curve_key``:
+    the state's key of the curves (DataLens' checkpoints say ``curve``)."""
     store.remove_partial()
     latest = store.latest()
-    start, curves, entries, finished, state = 0, [], 0, False, {}
+    start, curves, finished, state = 0, [], False, {}
+    entries = min(not_lost, len(journal.entries))
     if latest is not None:
         if latest.state["root_seed"] != root_seed:
             raise RunDirError(f"{latest.path} was written with another root seed than "
