@@ -8,6 +8,7 @@ behind and a completed write survives a power loss.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -58,6 +59,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+def file_sha256(path: str | os.PathLike, *, chunk: int = 16 << 20) -> str:
+    """The SHA-256 of a file's bytes (hex), read ``chunk`` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> None:

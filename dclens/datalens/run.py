@@ -51,7 +51,8 @@ from dclens.datalens.step_log import LazySummaryWriter, log_step, new_progress_b
 from dclens.datalens.train import BudgetExhausted, DataLens, TeacherPlacement, check_query_batch
 from dclens.runs.journal import PrivacyJournal
 from dclens.runs.rundir import (Mode, RunDirError, RunPaths, complete_run_files,
-                                create_run_files, open_journal, plan_run, restore_latest,
+                                create_run_files, open_journal, plan_run, read_run_record,
+                                read_saved_config, restore_latest,
                                 root_seed as _saved_or_new_seed, set_aside)
 
 __all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run"]
@@ -174,10 +175,9 @@ def _check_warm_start_unchanged(plan, lens, log: Callable[[str], None]) -> None:
     spends differ from the fingerprint config.json recorded when the run began."""
     if lens.warm_start is None:
         return
-    with open(plan.paths.config, encoding="utf-8") as stream:
-        recorded = json.load(stream).get("warm_start")
     try:
-        warning = warm_start_lib.check_unchanged(recorded, lens.warm_start)
+        warning = warm_start_lib.check_unchanged(
+            read_run_record(plan.paths).get("warm_start"), lens.warm_start)
     except warm_start_lib.WarmStartError as error:
         raise RunDirError(str(error)) from None
     if warning:
@@ -279,8 +279,7 @@ def _finished_summary(plan, config: DataLensConfig, started: float) -> RunSummar
         if record is None:
             return None
         step, stop_reason = record
-    with open(plan.paths.config) as stream:
-        saved = DataLensConfig.from_dict(json.load(stream)["config"])
+    saved = DataLensConfig.from_dict(read_saved_config(plan.paths))
     if (config.train.epochs > saved.train.epochs
             or config.budget.max_eps > saved.budget.max_eps):
         return None

@@ -19,13 +19,13 @@ a DP-MERF folder whose release, generator or spends have changed since (e.g. rer
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 
 import dp_accounting
 import keras
 
+from dclens.common import export
 from dclens.datalens import networks
 from dclens.privacy import accounting
 
@@ -96,15 +96,11 @@ def check_unchanged(recorded: dict | None, warm_start: WarmStart) -> str | None:
 
 
 def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
+        return export.file_sha256(path)
     except OSError as error:
         raise WarmStartError(f"{path} cannot be read ({error}): --warm_start needs a "
                              f"finished DP-MERF run") from error
-    return digest.hexdigest()
 
 
 def _read_json(path: str, what: str) -> dict:

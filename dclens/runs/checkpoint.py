@@ -56,14 +56,6 @@ class CheckpointDamaged(CheckpointError):
     """A complete checkpoint's bytes are not those that were written (checksum mismatch)."""
 
 
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _state_sha256(record: Mapping[str, Any]) -> str:
     """SHA-256 of the state's canonical JSON, without its own digest field."""
     body = {key: value for key, value in record.items() if key != _STATE_DIGEST}
@@ -102,7 +94,7 @@ class Checkpoint:
         recorded = self.state["arrays"][name].get("sha256")
         if recorded is not None:
             try:
-                actual = _file_sha256(path)
+                actual = export.file_sha256(path, chunk=_READ_CHUNK)
             except OSError as error:
                 raise CheckpointError(f"cannot read {path} ({error}); the checkpoint is "
                                       "damaged: move it aside to resume from an older one, "

@@ -220,14 +220,28 @@ def describe_differences(differences: list[tuple[str, Any, Any]],
     return "; ".join(parts)
 
 
+def read_run_record(paths: RunPaths) -> dict[str, Any]:
+    """A run's whole config.json: the ``config`` section and the facts
+    :func:`create_run_files` wrote beside it."""
+    try:
+        with open(paths.config, encoding="utf-8") as stream:
+            record = json.load(stream)
+        if not isinstance(record, dict):
+            raise TypeError(f"a {type(record).__name__}, not an object")
+        return record
+    except (OSError, ValueError, TypeError) as error:
+        raise RunDirError(f"{paths.config} cannot be read ({error}); the run directory is "
+                          "damaged: pass --restart to set it aside and start over") from error
+
+
 def read_saved_config(paths: RunPaths) -> dict[str, Any]:
     """The ``config`` section of a run's config.json."""
     try:
-        with open(paths.config) as stream:
-            return json.load(stream)["config"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise RunDirError(f"{paths.config} cannot be read ({error}); the run directory is "
-                          "damaged: pass --restart to set it aside and start over") from error
+        return read_run_record(paths)["config"]
+    except KeyError as error:
+        raise RunDirError(f"{paths.config} cannot be read ({error!r} is missing); the run "
+                          "directory is damaged: pass --restart to set it aside and start "
+                          "over") from error
 
 
 def _never_began(paths: RunPaths) -> bool:

@@ -204,8 +204,7 @@ def train_merf(config: MerfConfig, run_dir: str, *, restart: bool = False,
         rundir.complete_run_files(paths, kind="merf", root_seed=opened.root_seed,
                                   seeded=config.seed is not None)
         journal = rundir.open_journal(paths, None, new_ledger=lambda: new_ledger(config))
-        with open(paths.config, encoding="utf-8") as stream:
-            facts = json.load(stream)
+        facts = rundir.read_run_record(paths)
         n, source = int(facts["records"]), facts["dataset_source"]
     else:
         records = _load_records(config)
