@@ -306,3 +306,49 @@ def test_ctrl_c_prints_one_line_that_says_how_to_resume_and_exits_130(tiny_fmnis
     assert lines[0].endswith("resume with: python scripts/main.py " + " ".join(argv))
     monkeypatch.setattr(DataLens, "train_step", original)
     assert run_cli(argv)[0] == 0                          # the command it names resumes
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_a_step_pauses_after_it_with_a_checkpoint_and_twice_stops_at_once(
+        presses, tiny_fmnist_dir, tmp_path, monkeypatch):
+    """A real SIGINT while step 2 trains (checkpoints only every 10 steps).  Once: the step
+    ends, a checkpoint of step 3 is written and nothing is lost.  Twice: the second press
+    interrupts step 2 itself, and the spends since the start stay counted as lost."""
+    import signal
+
+    from dclens.datalens.train import DataLens
+
+    original = DataLens.train_step
+
+    def pressed_during_third(self):
+        if self.step == 2:
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(self)
+
+    monkeypatch.setattr(DataLens, "train_step", pressed_during_third)
+    out = tmp_path / "run"
+    argv = [*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir", str(out),
+            "--checkpoint_every", "10"]
+    code, err = run_cli(argv)
+    assert code == 130 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    lines = err.strip().splitlines()
+    assert lines[0] == ("main.py: SIGINT: stopping after the current step, with a checkpoint, "
+                        "so that a resume loses nothing (press Ctrl-C again to stop at once: "
+                        "the privacy spent since the last checkpoint then stays counted with "
+                        "its steps lost)")
+    assert len(lines) == 2, err
+    checkpoints = sorted(name for name in os.listdir(out / "checkpoints")
+                         if name.startswith("ckpt-"))
+    if presses == 1:
+        assert lines[1].startswith("main.py: interrupted at step 3; kept: the privacy ledger (")
+        assert lines[1].endswith("and the checkpoint of step 3 (nothing to redo); resume "
+                                 "with: python scripts/main.py " + " ".join(argv))
+        assert checkpoints == ["ckpt-000003"]
+    else:
+        assert lines[1].startswith("main.py: interrupted at step 2; kept: the privacy ledger (")
+        assert "no checkpoint yet" in lines[1] and checkpoints == []
+    monkeypatch.setattr(DataLens, "train_step", original)
+    assert run_cli(argv)[0] == 0
+    lost = json.loads((out / "privacy.json").read_text())["lost_spends"]
+    assert (lost == []) == (presses == 1), lost

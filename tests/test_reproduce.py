@@ -118,7 +118,11 @@ def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_pat
 def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir, tmp_path,
                                                                 monkeypatch, capsys):
     """Also: provenance (commit, dirty tree) is taken before training starts, since the
-    tree may move on during a run of hours."""
+    tree may move on during a run of hours; Ctrl-C pauses the training at a step boundary
+    (the tool's handler, only while it trains: it is Python's own again after)."""
+    import signal
+
+    from dclens.cli.graceful_stop import GracefulStop
     from dclens.datalens import run
 
     seen, events = {}, []
@@ -128,7 +132,7 @@ def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir,
 
     def fake_train_run(config, run_dir, **kwargs):
         events.append("train")
-        seen.update(kwargs, run_dir=run_dir)
+        seen.update(kwargs, run_dir=run_dir, handler=signal.getsignal(signal.SIGINT))
         raise Stop
 
     monkeypatch.setattr(run, "train_run", fake_train_run)
@@ -140,6 +144,9 @@ def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir,
         reproduce_cli.main(argv + ["--checkpoint_every", "25"])
     assert seen["checkpoint_every"] == 25 and seen["run_dir"] == str(tmp_path / "run")
     assert events == ["provenance", "train"]
+    assert isinstance(seen["should_stop"], GracefulStop)
+    assert seen["handler"] == seen["should_stop"]._handle
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(SystemExit) as exit_info:
         reproduce_cli.main(argv + ["--checkpoint_every", "0"])
     assert exit_info.value.code == 2

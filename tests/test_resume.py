@@ -78,6 +78,48 @@ def test_crash_on_a_checkpoint_boundary_resumes_bit_identically(reference, tiny_
     np.testing.assert_array_equal(samples(out), samples(reference))
 
 
+def asked_before_step(step: int):
+    """A ``should_stop`` that says yes when read before generator step ``step`` (0-based;
+    it is read once before every step)."""
+    reads = iter(range(10 ** 6))
+    return lambda: next(reads) >= step
+
+
+def test_a_requested_stop_checkpoints_the_step_it_reached_and_resumes_bit_identically(
+        reference, tiny_fmnist_dir, tmp_path):
+    """Between checkpoints (every 10 steps, none due): the pause writes one of step 2, so
+    the resume redoes nothing; without it the two steps' spends would count as lost."""
+    out = tmp_path / "run"
+    with pytest.raises(run.RunPaused) as paused:
+        train(tiny_fmnist_dir, out, checkpoint_every=10, should_stop=asked_before_step(2))
+    assert isinstance(paused.value, KeyboardInterrupt) and paused.value.step == 2
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000002", "seed.json"]
+    assert json.loads((out / "ledger.json").read_text())["queries"] == 2 * BATCH
+    assert not (out / "samples.npz").exists()
+    summary = train(tiny_fmnist_dir, out, checkpoint_every=10)
+    assert summary.resumed_from_step == 2 and summary.lost_queries == 0
+    assert curve(out) == curve(reference)
+    np.testing.assert_array_equal(samples(out), samples(reference))
+
+
+def test_a_stop_on_a_checkpoint_boundary_or_before_the_first_step_writes_no_second_one(
+        reference, tiny_fmnist_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(run.RunPaused):
+        train(tiny_fmnist_dir, out, checkpoint_every=1, should_stop=asked_before_step(2))
+    assert sorted(os.listdir(out / "checkpoints")) == ["PRIVATE", "ckpt-000001", "ckpt-000002",
+                                                       "seed.json"]
+    fresh = tmp_path / "fresh"
+    with pytest.raises(run.RunPaused) as paused:
+        train(tiny_fmnist_dir, fresh, should_stop=asked_before_step(0))
+    assert paused.value.step == 0
+    assert sorted(os.listdir(fresh / "checkpoints")) == ["PRIVATE", "seed.json"]
+    assert json.loads((fresh / "ledger.json").read_text())["queries"] == 0
+    summary = train(tiny_fmnist_dir, fresh)
+    assert summary.lost_queries == 0
+    np.testing.assert_array_equal(samples(fresh), samples(reference))
+
+
 def test_crash_between_checkpoints_keeps_the_lost_spend(reference, tiny_fmnist_dir, tmp_path):
     out = tmp_path / "run"
     # Step index 2's queries are journaled, then the process dies before its noise is

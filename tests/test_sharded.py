@@ -163,6 +163,24 @@ def test_a_failing_worker_stops_before_release_and_the_resume_counts_the_lost_sp
     assert summary.steps == 4
 
 
+def test_a_paused_sharded_run_checkpoints_every_shard_and_resumes_bit_for_bit(
+        unsharded, tiny_fmnist_dir, tmp_path):
+    """A stop asked before step 3 (no checkpoint due: every 10 steps): the driver and both
+    shards checkpoint step 3 and the resume is the unsharded run, nothing lost."""
+    out = tmp_path / "run"
+    reads = iter(range(100))
+    with pytest.raises(run.RunPaused):
+        _train(_config(tiny_fmnist_dir), out, shards=2, shard_backend="inprocess",
+               checkpoint_every=10, should_stop=lambda: next(reads) >= 3)
+    assert "ckpt-000003" in os.listdir(out / "checkpoints")
+    shard_folders = os.listdir(out / "checkpoints" / sharded.SHARDS_FOLDER)
+    assert len(shard_folders) == 2
+    summary = _train(_config(tiny_fmnist_dir), out, shards=2, shard_backend="inprocess",
+                     checkpoint_every=10)
+    assert summary.resumed_from_step == 3 and summary.lost_queries == 0
+    _assert_same_run(_outputs(out), unsharded)
+
+
 def test_resume_with_another_shard_count_is_refused_by_name(tiny_fmnist_dir, tmp_path):
     out = tmp_path / "run"
     _train(_config(tiny_fmnist_dir, epochs=1), out, shards=2, shard_backend="inprocess")

@@ -41,6 +41,7 @@ def message(tool: str, run_dir: str, argv: Sequence[str]) -> str:
         latest = None
     where = "before the first step" if not steps else f"at step {steps}"
     kept = (f"the privacy ledger ({paths.journal}) and the checkpoint of step {latest.step}"
+            + (" (nothing to redo)" if steps is not None and latest.step == steps else "")
             if latest is not None else
             f"the privacy ledger ({paths.journal}); no checkpoint yet, so a resume starts "
             "over and the spends so far stay counted")

@@ -22,7 +22,7 @@ import os
 import sys
 
 from dclens.datalens import config as cfg
-from dclens.cli import common_flags, interrupted
+from dclens.cli import common_flags, graceful_stop, interrupted
 from dclens.common import tf_env
 from dclens.privacy.accounting import Conversion
 from dclens import data
@@ -528,9 +528,11 @@ def main(argv: list[str] | None = None, *, fault_hook=None) -> int:
         if do_train:
             print(f"dclens: training with preset {preset_name!r} (flags override it); "
                   f"the resolved config goes to {os.path.join(output_dir, 'config.json')}")
-            run.train_run(config, output_dir, progress=not args.quiet, restart=args.restart,
-                          checkpoint_every=args.checkpoint_every, fault_hook=fault_hook,
-                          shards=args.shards, ray_address=args.ray_address)
+            with graceful_stop.GracefulStop("main.py") as stop:
+                run.train_run(config, output_dir, progress=not args.quiet,
+                              restart=args.restart, checkpoint_every=args.checkpoint_every,
+                              fault_hook=fault_hook, shards=args.shards,
+                              ray_address=args.ray_address, should_stop=stop)
         else:
             print(f"dclens: no --train: sampling the trained generator in {output_dir}")
             # The settings the command names must be the run's (the samples' labels and

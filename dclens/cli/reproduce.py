@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 
-from dclens.cli import common_flags, interrupted
+from dclens.cli import common_flags, graceful_stop, interrupted
 from dclens.data import splits
 from dclens.datalens import config as cfg
 from dclens.privacy.accounting import Conversion
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             options, out_dir=out, run_dir=run_dir, settings=settings,
             skip_train=args.skip_train, reference=not args.no_reference,
             cache_dir=args.cache_dir, command=command, note=args.note or "",
-            progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every)
+            progress=not args.quiet, log=log, checkpoint_every=args.checkpoint_every,
+            training_stop=graceful_stop.GracefulStop("reproduce.py"))
     except (paper_rows.ReproduceError, evaluate.EvaluationError, data.DataError,
             run.RunDirError, ValueError) as error:
         print(f"reproduce.py: error: {error}", file=sys.stderr)

@@ -55,7 +55,7 @@ from dclens.runs.rundir import (Mode, RunDirError, RunPaths, complete_run_files,
                                 read_saved_config, restore_latest,
                                 root_seed as _saved_or_new_seed, set_aside)
 
-__all__ = ["RunDirError", "RunSummary", "TrainingDiverged", "train_run"]
+__all__ = ["RunDirError", "RunPaused", "RunSummary", "TrainingDiverged", "train_run"]
 
 def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool = False,
                       flag: str = "--checkpoint_dir", offers_restart: bool = True):
@@ -71,6 +71,17 @@ def plan_datalens_run(config: DataLensConfig, output_dir: str, *, restart: bool 
 class TrainingDiverged(RuntimeError):
     """The student's (generator's) loss became NaN or infinite; the run stopped at its
     last good checkpoint.  Decided from released quantities only (see :func:`train`)."""
+
+
+class RunPaused(KeyboardInterrupt):
+    """The run stopped between two steps because ``should_stop()`` asked it to, after a
+    checkpoint of the step it had reached (unless the disk had no room for one: the
+    warning says so), so that the same call resumes it with no spend lost.  A
+    ``KeyboardInterrupt``, so that code that handles Ctrl-C handles it alike."""
+
+    def __init__(self, step: int):
+        super().__init__(f"paused at step {step}")
+        self.step = step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +112,10 @@ Points: ``after_spend`` (a round's spend is journaled, its noise not drawn yet),
 ``after_step`` (privacy.json written, checkpoint not yet), ``checkpoint_before_commit``
 (checkpoint files durable, folder not renamed), ``after_checkpoint``, ``before_outputs``.
 """
+
+
+def _never() -> bool:
+    return False
 
 
 def _no_hook(point: str, step: int) -> None:
@@ -222,7 +237,9 @@ def _resume(plan, lens, store: CheckpointStore, log: Callable[[str], None]
 
 def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curve: list[dict],
                      *, finished: bool, stop_reason: str | None, hook: FaultHook,
-                     log: Callable[[str], None]) -> None:
+                     log: Callable[[str], None]) -> bool:
+    """Writes a checkpoint of ``lens``; returns False (after a warning) where the disk had
+    no room for it."""
     state = {"root_seed": lens.root_seed, "curve": curve,
              "journal_entries": len(journal.entries), "ledger": lens.ledger.state_dict(),
              "finished": finished, "stop_reason": stop_reason,
@@ -236,8 +253,9 @@ def _save_checkpoint(store: CheckpointStore, lens, journal: PrivacyJournal, curv
         # The ledger does not depend on checkpoints: training goes on, a crash would
         # resume from an older checkpoint (or the start) with every spend still counted.
         log(f"warning: step {lens.step}: no checkpoint written: {error}")
-        return
+        return False
     hook("after_checkpoint", lens.step)
+    return True
 
 
 def _output_bytes(config: DataLensConfig, shape) -> int:
@@ -308,7 +326,8 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
               log: Callable[[str], None] = print, restart: bool = False,
               checkpoint_every: int = 10, fault_hook: FaultHook | None = None,
               shards: int | None = None, ray_address: str | None = None,
-              shard_backend: str = "ray") -> RunSummary:
+              shard_backend: str = "ray",
+              should_stop: Callable[[], bool] | None = None) -> RunSummary:
     """Trains DataLens with ``config`` into ``output_dir``, resuming the run already there.
 
     Args:
@@ -324,11 +343,16 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         ``"inprocess"`` runs the same workers in this process) instead of in this
         process: bit for bit the same run (:mod:`dclens.datalens.sharded`).  None: in-process.
         A run resumes only with the number of shards it was trained with.
+      should_stop: read before every step; once it returns True the run checkpoints the
+        step it has reached (if that is not checkpointed yet) and raises
+        :class:`RunPaused`.  The command-line tools pass a
+        :class:`dclens.cli.graceful_stop.GracefulStop` (the first Ctrl-C or SIGTERM).
 
     Raises:
       RunDirError: the directory cannot be used (nothing is changed).
       TrainingDiverged: a loss became NaN/inf; the ledger and the last good checkpoint are
         kept and the outputs are not written.
+      RunPaused: ``should_stop()`` returned True; the same call resumes the run.
     """
     if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
@@ -366,7 +390,8 @@ def train_run(config: DataLensConfig, output_dir: str, *, progress: bool = True,
         lens.images = lens.labels = dataset = None
     try:
         training = _Training(config, output_dir, plan, lens, store, seeded=seeded, log=log,
-                             checkpoint_every=checkpoint_every, hook=hook)
+                             checkpoint_every=checkpoint_every, hook=hook,
+                             should_stop=should_stop or _never)
         training.open(facts, root_seed)
         first_step = lens.step
         summary = training.finish(training.run(progress), first_step, started)
@@ -431,10 +456,11 @@ class _Training:
 
     def __init__(self, config: DataLensConfig, output_dir: str, plan, lens, store, *,
                  seeded: bool, log: Callable[[str], None], checkpoint_every: int,
-                 hook: FaultHook):
+                 hook: FaultHook, should_stop: Callable[[], bool]):
         self.config, self.output_dir, self.plan, self.lens = config, output_dir, plan, lens
         self.store, self.seeded, self.log, self.hook = store, seeded, log, hook
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every, self.should_stop = checkpoint_every, should_stop
+        self.checkpointed_step: int | None = None   # the step the newest checkpoint holds
         self.writer = LazySummaryWriter(plan.paths.logs)
         self.votes: VoteWriter | None = None
         self.journal: PrivacyJournal | None = None
@@ -453,6 +479,7 @@ class _Training:
             _check_warm_start_unchanged(plan, lens, log)
             self.journal, self.curve, self.resumed_from, self.finished = _resume(
                 plan, lens, self.store, log)
+            self.checkpointed_step = self.resumed_from
             complete_run_files(plan.paths, kind="DataLens", root_seed=root_seed,
                                seeded=self.seeded)
         _journal_warm_start(lens, self.journal, config, log)
@@ -501,6 +528,8 @@ class _Training:
         grid_every = max(1, min(50, expected // 10))
         stop_reason = "epochs"
         while lens.step < total_steps:
+            if self.should_stop():
+                self._pause()
             try:
                 record = lens.train_step()
             except BudgetExhausted:
@@ -543,8 +572,22 @@ class _Training:
             self.lens, self.config, self.curve, stop_reason, self.seeded, self.journal))
 
     def _save_checkpoint(self, *, finished: bool, stop_reason: str | None) -> None:
-        _save_checkpoint(self.store, self.lens, self.journal, self.curve, finished=finished,
-                         stop_reason=stop_reason, hook=self.hook, log=self.log)
+        if _save_checkpoint(self.store, self.lens, self.journal, self.curve,
+                            finished=finished, stop_reason=stop_reason, hook=self.hook,
+                            log=self.log):
+            self.checkpointed_step = self.lens.step
+
+    def _pause(self) -> None:
+        """Checkpoints the step reached (nothing to redo on resume) and stops.  At step 0
+        nothing was spent by TopAgg (a warm start's release lives in its DP-MERF run), so a
+        resume from the start loses nothing either."""
+        lens = self.lens
+        if lens.step and self.checkpointed_step != lens.step:
+            self._save_checkpoint(finished=False, stop_reason=None)
+        self.writer.flush()
+        if self.bar is not None:
+            self.bar.close()
+        raise RunPaused(lens.step)
 
     def _stop_diverged(self, record) -> None:
         self.writer.flush()

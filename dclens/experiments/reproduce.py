@@ -20,13 +20,14 @@ report directory holds small files only and can be committed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import platform
 import shutil
 import time
-from typing import Callable
+from typing import Callable, ContextManager
 
 from dclens.common import machine
 from dclens.common import provenance as provenance_lib
@@ -114,13 +115,17 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
               skip_train: bool = False, reference: bool = True,
               cache_dir: str | None = None, command: str = "", note: str = "",
               progress: bool = True, log: Callable[[str], None] = print,
-              checkpoint_every: int = 10) -> dict:
+              checkpoint_every: int = 10,
+              training_stop: ContextManager[Callable[[], bool] | None] | None = None) -> dict:
     """Train (unless ``skip_train``), evaluate, write the report; returns report.json's dict.
 
     ``note`` is free text shown under the report's title (e.g. why a run is scaled down).
     ``checkpoint_every`` is passed to :func:`dclens.datalens.run.train_run` (generator steps between
     checkpoints; at 4000 teachers one checkpoint is about 27 GB, so paper-scale runs may
-    want fewer).
+    want fewer).  ``training_stop`` is entered around the training alone (e.g. a
+    :class:`dclens.cli.graceful_stop.GracefulStop`, so that Ctrl-C pauses the training at a
+    step boundary but interrupts the evaluation at once); what it yields is
+    ``train_run``'s ``should_stop``.
     """
     started = time.perf_counter()
     started_at = provenance(command)
@@ -144,8 +149,10 @@ def reproduce(options: ReproduceOptions, *, out_dir: str | None = None,
         # a finished one whose outputs were cut short (train_run writes them again).
         if deviations:
             log("NOT the paper config: " + "; ".join(deviations))
-        train_seconds = run.train_run(config, paths.root, progress=progress, log=log,
-                                      checkpoint_every=checkpoint_every).seconds
+        with training_stop or contextlib.nullcontext() as should_stop:
+            train_seconds = run.train_run(config, paths.root, progress=progress, log=log,
+                                          checkpoint_every=checkpoint_every,
+                                          should_stop=should_stop).seconds
     privacy = _read_json(paths.privacy)
     eval_started = time.perf_counter()
     record = evaluate.evaluate_path(paths.samples, config.train.dataset,
