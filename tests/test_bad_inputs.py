@@ -281,30 +281,42 @@ def test_the_budget_line_does_not_pass_the_epoch_cap_off_as_the_budget(tiny_fmni
     assert allowed > 2 and "the epoch cap (--epoch 1) ends the run at step" in budget[0]
 
 
-def test_ctrl_c_prints_one_line_that_says_how_to_resume_and_exits_130(tiny_fmnist_dir,
-                                                                     tmp_path, monkeypatch):
-    """It used to end in a 52-line TensorFlow traceback."""
+def _main_with_step_2_starting_by(action, data_dir, out, monkeypatch, *,
+                                  checkpoint_every: int) -> tuple[list[str], int, str]:
+    """main.py on the VALID run with ``action()`` called as step 2 starts (before its
+    spend); returns (argv, exit status, stderr), with the step restored after."""
     from dclens.datalens.train import DataLens
 
     original = DataLens.train_step
 
-    def interrupted_at_third(self):
+    def starting_by_action(self):
         if self.step == 2:
-            raise KeyboardInterrupt
+            action()
         return original(self)
 
-    monkeypatch.setattr(DataLens, "train_step", interrupted_at_third)
-    out = tmp_path / "run"
-    argv = [*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir", str(out),
-            "--checkpoint_every", "1"]
+    monkeypatch.setattr(DataLens, "train_step", starting_by_action)
+    argv = [*VALID, "--data_dir", str(data_dir), "--checkpoint_dir", str(out),
+            "--checkpoint_every", str(checkpoint_every)]
     code, err = run_cli(argv)
+    monkeypatch.setattr(DataLens, "train_step", original)
+    return argv, code, err
+
+
+def test_ctrl_c_prints_one_line_that_says_how_to_resume_and_exits_130(tiny_fmnist_dir,
+                                                                     tmp_path, monkeypatch):
+    """It used to end in a 52-line TensorFlow traceback."""
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    argv, code, err = _main_with_step_2_starting_by(interrupt, tiny_fmnist_dir,
+                                                    tmp_path / "run", monkeypatch,
+                                                    checkpoint_every=1)
     assert code == 130
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("main.py: interrupted at step 2; kept: the privacy ledger (")
     assert "the checkpoint of step 2" in lines[0]
     assert lines[0].endswith("resume with: python scripts/main.py " + " ".join(argv))
-    monkeypatch.setattr(DataLens, "train_step", original)
     assert run_cli(argv)[0] == 0                          # the command it names resumes
 
 
@@ -316,21 +328,13 @@ def test_ctrl_c_during_a_step_pauses_after_it_with_a_checkpoint_and_twice_stops_
     interrupts step 2 itself, and the spends since the start stay counted as lost."""
     import signal
 
-    from dclens.datalens.train import DataLens
+    def press() -> None:
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
 
-    original = DataLens.train_step
-
-    def pressed_during_third(self):
-        if self.step == 2:
-            for _ in range(presses):
-                os.kill(os.getpid(), signal.SIGINT)
-        return original(self)
-
-    monkeypatch.setattr(DataLens, "train_step", pressed_during_third)
     out = tmp_path / "run"
-    argv = [*VALID, "--data_dir", str(tiny_fmnist_dir), "--checkpoint_dir", str(out),
-            "--checkpoint_every", "10"]
-    code, err = run_cli(argv)
+    argv, code, err = _main_with_step_2_starting_by(press, tiny_fmnist_dir, out, monkeypatch,
+                                                    checkpoint_every=10)
     assert code == 130 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     lines = err.strip().splitlines()
     assert lines[0] == ("main.py: SIGINT: stopping after the current step, with a checkpoint, "
@@ -348,7 +352,6 @@ def test_ctrl_c_during_a_step_pauses_after_it_with_a_checkpoint_and_twice_stops_
     else:
         assert lines[1].startswith("main.py: interrupted at step 2; kept: the privacy ledger (")
         assert "no checkpoint yet" in lines[1] and checkpoints == []
-    monkeypatch.setattr(DataLens, "train_step", original)
     assert run_cli(argv)[0] == 0
     lost = json.loads((out / "privacy.json").read_text())["lost_spends"]
     assert (lost == []) == (presses == 1), lost
