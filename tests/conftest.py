@@ -10,6 +10,7 @@ import gzip
 import os
 import pathlib
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -110,6 +111,16 @@ def tiny_fmnist_dir(tmp_path_factory):
         write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
     return root
+
+
+@pytest.fixture
+def ctrl_c_is_python_s():
+    """SIGINT as an interactive ``python`` has it (``KeyboardInterrupt``), for the length of
+    a test: the suite may itself run as a background job (``pytest &``), which a shell
+    starts with SIGINT ignored, and a tool keeps an ignored signal ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 #: The ops folder; its harnesses (make targets) are built per test module.

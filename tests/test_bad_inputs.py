@@ -322,7 +322,7 @@ def test_ctrl_c_prints_one_line_that_says_how_to_resume_and_exits_130(tiny_fmnis
 
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_during_a_step_pauses_after_it_with_a_checkpoint_and_twice_stops_at_once(
-        presses, tiny_fmnist_dir, tmp_path, monkeypatch):
+        presses, tiny_fmnist_dir, tmp_path, monkeypatch, ctrl_c_is_python_s):
     """A real SIGINT while step 2 trains (checkpoints only every 10 steps).  Once: the step
     ends, a checkpoint of step 3 is written and nothing is lost.  Twice: the second press
     interrupts step 2 itself, and the spends since the start stay counted as lost."""

@@ -18,7 +18,7 @@ import pytest
 from dclens.cli.graceful_stop import GracefulStop
 
 
-def test_the_first_ctrl_c_only_asks_and_the_second_interrupts():
+def test_the_first_ctrl_c_only_asks_and_the_second_interrupts(ctrl_c_is_python_s):
     said = []
     before = signal.getsignal(signal.SIGINT)
     with GracefulStop("tool.py", notify=said.append) as stop:
@@ -35,13 +35,24 @@ def test_the_first_ctrl_c_only_asks_and_the_second_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_sigterm_asks_too_and_the_handlers_are_restored_on_exit():
+def test_sigterm_asks_too_and_the_handlers_are_restored_on_exit(ctrl_c_is_python_s):
     before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     with GracefulStop("tool.py", notify=lambda _: None) as stop:
         assert signal.getsignal(signal.SIGTERM) == stop._handle
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop() is True and stop.signal_name == "SIGTERM"
     assert {number: signal.getsignal(number) for number in before} == before
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored(ctrl_c_is_python_s):
+    """A background job's SIGINT (``cmd &``) is not the terminal's Ctrl-C to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with GracefulStop("tool.py", notify=lambda _: None) as stop:
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop() is False
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_outside_the_main_thread_it_installs_nothing_and_never_asks():
@@ -59,7 +70,7 @@ def test_outside_the_main_thread_it_installs_nothing_and_never_asks():
     assert seen == {"handler": before, "asked": False}
 
 
-def test_the_notice_reaches_a_captured_stderr(capsys):
+def test_the_notice_reaches_a_captured_stderr(ctrl_c_is_python_s):
     """The default notice writes to file descriptor 2 where there is one, else prints."""
     import contextlib
     import io

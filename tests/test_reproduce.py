@@ -116,7 +116,8 @@ def test_evaluate_cli_on_the_run_directory(tiny_report, tiny_fmnist_dir, tmp_pat
 
 
 def test_checkpoint_every_reaches_train_run_and_zero_is_refused(tiny_fmnist_dir, tmp_path,
-                                                                monkeypatch, capsys):
+                                                                monkeypatch, capsys,
+                                                                ctrl_c_is_python_s):
     """Also: provenance (commit, dirty tree) is taken before training starts, since the
     tree may move on during a run of hours; Ctrl-C pauses the training at a step boundary
     (the tool's handler, only while it trains: it is Python's own again after)."""

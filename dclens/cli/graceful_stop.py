@@ -39,7 +39,9 @@ class GracefulStop:
     SIGTERM raises ``KeyboardInterrupt``.  Calling the object returns :attr:`requested`.
 
     Outside the main thread (where Python cannot install handlers) it installs nothing and
-    never requests a stop: Ctrl-C then interrupts as before.
+    never requests a stop: Ctrl-C then interrupts as before.  A signal the process ignores
+    when the block starts stays ignored (a shell starts background jobs, ``cmd &``, with
+    SIGINT ignored, so that the terminal's Ctrl-C is not theirs).
     """
 
     def __init__(self, tool: str, *, notify: Callable[[str], None] = _write_stderr):
@@ -55,7 +57,8 @@ class GracefulStop:
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():
             for number in STOP_SIGNALS:
-                self._previous[number] = signal.signal(number, self._handle)
+                if signal.getsignal(number) is not signal.SIG_IGN:
+                    self._previous[number] = signal.signal(number, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
