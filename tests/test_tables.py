@@ -348,3 +348,26 @@ def test_a_rows_name_with_repeats_selects_its_missing_runs_and_nothing_else(tmp_
         tables.run_table("levers", base, out_dir=str(out), only=only, repeats=repeats,
                          log=lambda _: None)
         assert trained == expected
+
+
+def test_the_cli_pauses_a_row_on_ctrl_c_and_says_how_to_go_on(monkeypatch, tmp_path, capsys):
+    """tables.py hands every row's training a GracefulStop (Ctrl-C: a checkpoint at the
+    step's end); the pause ends the table with one line naming the command, status 130."""
+    from dclens.cli.graceful_stop import GracefulStop
+    from dclens.datalens.run import RunPaused
+
+    seen = {}
+
+    def paused_table(table, base, **kwargs):
+        seen.update(kwargs)
+        raise RunPaused(7)
+
+    monkeypatch.setattr(tables, "run_table", paused_table)
+    argv = ["fashion_mnist", "--table", "7", "--teachers", "200", "--quiet",
+            "--out", str(tmp_path / "table7")]
+    assert cli.main(argv) == 130
+    assert isinstance(seen["training_stop"], GracefulStop)
+    assert capsys.readouterr().err.strip() == (
+        "tables.py: interrupted (paused at step 7); the finished rows are kept, and the same "
+        "command goes on from them (a row's run resumes from its checkpoint): python "
+        "scripts/tables.py " + " ".join(argv))

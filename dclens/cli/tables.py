@@ -32,9 +32,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import sys
 
-from dclens.cli import common_flags
+from dclens.cli import common_flags, graceful_stop, interrupted
 from dclens.data import splits
 from dclens.common import tf_env
 
@@ -152,10 +153,18 @@ def main(argv: list[str] | None = None) -> int:
                                    progress=not args.quiet,
                                    checkpoint_every=args.checkpoint_every,
                                    only=args.rows, train=not args.render,
-                                   repeats=args.repeats)
+                                   repeats=args.repeats,
+                                   training_stop=graceful_stop.GracefulStop("tables.py"))
     except (paper_rows.ReproduceError, RunDirError, ValueError, OSError) as error:
         print(f"tables.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stopped:
+        where = f" ({stopped})" if str(stopped) else ""
+        print(f"tables.py: interrupted{where}; the finished rows are kept, and the same "
+              f"command goes on from them (a row's run resumes from its checkpoint): "
+              f"{shlex.join(['python', 'scripts/tables.py', *(sys.argv[1:] if argv is None else argv)])}",
+              file=sys.stderr)
+        return interrupted.EXIT_INTERRUPTED
     if args.table in tables.SCREENING_TABLES:
         # results/beyond/README.md: this table beside the others and the paper-scale runs.
         beyond_dir = os.path.dirname(os.path.abspath(out))
