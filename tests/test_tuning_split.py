@@ -182,6 +182,7 @@ def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first
         copy = json.loads(json.dumps(report))
         copy["options"]["seed"] = seed
         copy["evaluation"]["protocols"]["val"]["accuracy"] = 0.5 + seed / 100
+        copy["deviations"] = [*copy["deviations"], f"starts from runs/merf/seed{seed}"]
         (folder / "report.json").write_text(json.dumps(copy))
     slower = beyond_dir / beyond.PAPER_SCALE_DIR / "run-c"       # scored with another lr
     slower.mkdir()
@@ -202,6 +203,10 @@ def test_the_beyond_readme_groups_runs_and_measures_each_lever_against_the_first
     n, mean, sd = rows[0]["val"]
     assert n == 2 and mean == pytest.approx(0.535) and sd == pytest.approx(0.00707, abs=1e-5)
     assert rows[0]["records"] == "tuning"
+    # Each run's own deviation is named with its run, not the first run's for both.
+    assert rows[0]["deviations"] == [*report["deviations"],
+                                     "starts from runs/merf/seed3 (run-a)",
+                                     "starts from runs/merf/seed4 (run-b)"]
     table_dir = beyond_dir / "levers-x"
     table_dir.mkdir()
     finished = {"status": "finished", "sen": 0.5, "label_agreement": 0.3, "epsilon": 28.1,
@@ -367,3 +372,10 @@ def test_a_screening_domain_classifier_learns_from_the_tuning_split_only(indexed
     assert f"tuning records {PRIVATE}-{PRIVATE + 199}" in classifier.info["data_source"]
     assert "tuning holdout" in classifier.info["test_records"]
     assert "test_accuracy" in classifier.info
+
+
+def test_a_groups_deviations_keep_the_shared_once_and_name_the_runs_of_the_rest():
+    assert beyond.group_deviations(["a", "b", "c"], [["x", "y1", "z"], ["x", "y2", "z"],
+                                                     ["x", "y1", "z"]]) == [
+        "x", "y1 (a, c)", "z", "y2 (b)"]
+    assert beyond.group_deviations(["a"], [["x", "y"]]) == ["x", "y"]

@@ -108,14 +108,14 @@ def tuned_rows(beyond_dir: str) -> list[dict]:
     """Paper-scale runs of tuned configurations, grouped by their options but the seed
     and by the classifier schedule that scored them."""
     groups: dict[str, list[table1.RunFacts]] = {}
-    reports: dict[str, dict] = {}
+    reports: dict[str, list[dict]] = {}
     for facts in tuned_runs(beyond_dir):
         groups.setdefault(facts.configuration, []).append(facts)
-        reports.setdefault(facts.configuration, _read(os.path.join(
+        reports.setdefault(facts.configuration, []).append(_read(os.path.join(
             beyond_dir, PAPER_SCALE_DIR, facts.name, "report.json")))
     rows = []
     for name, facts in sorted(groups.items()):
-        report = reports[name]
+        report = reports[name][0]
         rows.append({
             "name": name, "dataset": report["dataset"], "eps": report["eps"],
             "runs": [f.name for f in facts],
@@ -126,8 +126,21 @@ def tuned_rows(beyond_dir: str) -> list[dict]:
             "epsilon": max(f.epsilon for f in facts if f.epsilon is not None),
             "conversion": report["config"]["budget"]["conversion"],
             "records": report["config"]["train"].get("training_records", "all"),
-            "deviations": report["deviations"]})
+            "deviations": group_deviations([f.name for f in facts],
+                                           [r["deviations"] for r in reports[name]])})
     return rows
+
+
+def group_deviations(runs: list[str], deviations: list[list[str]]) -> list[str]:
+    """The deviations of a group of runs: each shared by every run once, in order; one
+    that only some runs have (e.g. the warm start's DP-MERF folder, one per seed) with the
+    runs it belongs to in brackets."""
+    owners: dict[str, list[str]] = {}
+    for run, texts in zip(runs, deviations):
+        for text in texts:
+            owners.setdefault(text, []).append(run)
+    return [text if len(held) == len(runs) else f"{text} ({', '.join(held)})"
+            for text, held in owners.items()]
 
 
 def rescoring_rate(beyond_dir: str) -> float | None:
