@@ -30,6 +30,11 @@ def _spent_steps(paths: RunPaths) -> int | None:
     return None
 
 
+def resume_command(tool: str, argv: Sequence[str]) -> str:
+    """The command line that goes on where ``scripts/<tool>`` was stopped: the same one."""
+    return shlex.join(["python", f"scripts/{tool}", *argv])
+
+
 def message(tool: str, run_dir: str, argv: Sequence[str]) -> str:
     """``<tool>: interrupted at step N; kept: ...; resume with: <command>``."""
     paths = RunPaths(run_dir)
@@ -47,7 +52,7 @@ def message(tool: str, run_dir: str, argv: Sequence[str]) -> str:
             "over and the spends so far stay counted")
     if not os.path.exists(paths.journal):
         kept = "nothing (no spend was made)"
-    command = shlex.join(["python", f"scripts/{tool}", *argv])
+    command = resume_command(tool, argv)
     return f"{tool}: interrupted {where}; kept: {kept}; resume with: {command}"
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 
 from dclens.cli import common_flags, graceful_stop, interrupted
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({stopped})" if str(stopped) else ""
         print(f"tables.py: interrupted{where}; the finished rows are kept, and the same "
               f"command goes on from them (a row's run resumes from its checkpoint): "
-              f"{shlex.join(['python', 'scripts/tables.py', *(sys.argv[1:] if argv is None else argv)])}",
+              f"{interrupted.resume_command('tables.py', sys.argv[1:] if argv is None else argv)}",
               file=sys.stderr)
         return interrupted.EXIT_INTERRUPTED
     if args.table in tables.SCREENING_TABLES:
